@@ -1,0 +1,96 @@
+"""fencing: background tasks that cannot commit stale decisions.
+
+Work carries the version it was decided against; the write is conditional on it;
+"stale" is a normal, typed outcome; leases hand out strictly increasing tokens that
+the store itself checks. Start with :func:`open`.
+"""
+
+from __future__ import annotations
+
+from ._astore import AsyncCollection, AsyncLease, AsyncStore, AsyncTable
+from ._errors import (
+    AlreadyExists,
+    ConfigurationError,
+    FencingError,
+    InvalidIdentifier,
+    InvalidInput,
+    InvalidIntent,
+    InvalidLeaseRequest,
+    InvalidState,
+    LeaseError,
+    LeaseHeld,
+    LeaseLost,
+    MissingDependency,
+    RecordNotFound,
+    SchemaError,
+    StoreError,
+    TransientStoreError,
+)
+from ._open import DEFAULT_RETENTION, open, open_async
+from ._policy import Drop, Recompute, Reconcile, StalePolicy
+from ._signing import Signer
+from ._store import Collection, Lease, Store, Table
+from ._values import (
+    SKIP,
+    Committed,
+    Contended,
+    Duplicate,
+    Fenced,
+    FenceReason,
+    Intent,
+    Missing,
+    Outcome,
+    Record,
+    Skipped,
+    Stale,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_RETENTION",
+    "SKIP",
+    "AlreadyExists",
+    "AsyncCollection",
+    "AsyncLease",
+    "AsyncStore",
+    "AsyncTable",
+    "Collection",
+    "Committed",
+    "ConfigurationError",
+    "Contended",
+    "Drop",
+    "Duplicate",
+    "FenceReason",
+    "Fenced",
+    "FencingError",
+    "Intent",
+    "InvalidIdentifier",
+    "InvalidInput",
+    "InvalidIntent",
+    "InvalidLeaseRequest",
+    "InvalidState",
+    "Lease",
+    "LeaseError",
+    "LeaseHeld",
+    "LeaseLost",
+    "Missing",
+    "MissingDependency",
+    "Outcome",
+    "Recompute",
+    "Reconcile",
+    "Record",
+    "RecordNotFound",
+    "SchemaError",
+    "Signer",
+    "Skipped",
+    "Stale",
+    "StalePolicy",
+    "Store",
+    "StoreError",
+    "Table",
+    "TransientStoreError",
+    "__version__",
+    "open",
+    "open_async",
+]

@@ -1,0 +1,352 @@
+"""The asynchronous front: ``AsyncStore``, ``AsyncCollection``, ``AsyncTable``, ``AsyncLease``.
+
+This file is the source of truth for both fronts: ``scripts/unasync.py`` rewrites
+it into ``_store.py`` (the sync front), and a test fails if the two differ.
+Every method is a thin call to the backend around the shared, I/O-free checks of
+``_front`` and flows of ``_policy``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+from ._errors import LeaseHeld, LeaseLost
+from ._front import LeaseBase, StoreOptions, TargetOps, check_lease_args, check_wait
+from ._policy import (
+    Acquire,
+    CallReconcile,
+    Commit,
+    Decide,
+    Drop,
+    Probe,
+    Sleep,
+    StalePolicy,
+    acquire_flow,
+    adrive,
+    apply_flow,
+    check_policy,
+    heartbeat_flow,
+)
+from ._runner import AsyncRunner, Stopped, maybe_await, sleep_async
+from ._validate import check_column, check_name
+from ._values import Intent, Outcome, Record
+from .backends._contract import AsyncBackend, LeaseAnswer, Target
+
+__all__ = ["AsyncCollection", "AsyncLease", "AsyncLeaseContext", "AsyncStore", "AsyncTable"]
+
+#: ``decide(record)`` returns the new state or ``fencing.SKIP`` (async stores also
+#: accept a coroutine function).
+Decision = Callable[[Record], Any]
+
+
+class _AsyncOps(TargetOps):
+    _store: AsyncStore
+
+    @property
+    def _backend(self) -> AsyncBackend:
+        return self._store.backend
+
+    async def _ready(self) -> None:
+        if self.target.kind == "table" and self._columns is None:
+            self._set_columns(await self._backend.columns(self.target))
+
+    async def get(self, key: str | int) -> Record | None:
+        """The record as it is now, or None."""
+        key = self._key(key)
+        await self._ready()
+        return await self._backend.read(self.target, key)
+
+    async def intent(
+        self, key: str | int, transition: str, *, guard: Mapping[str, Any] | None = None
+    ) -> Intent:
+        """An intent at the record's current version (reads the record)."""
+        transition = check_name(transition, "transition")
+        return self._new_intent(await self.get(key), key, transition, guard)
+
+    async def commit(
+        self, intent: Intent, state: Mapping[str, Any], *, lease: AsyncLease | None = None
+    ) -> Outcome:
+        """One atomic conditional write of ``state`` for ``intent``."""
+        await self._ready()
+        request = self._request(intent, state, lease)
+        return self._outcome(await self._backend.commit(request), request.intent, lease)
+
+    async def commit_many(
+        self,
+        items: Iterable[tuple[Intent, Mapping[str, Any]]],
+        *,
+        lease: AsyncLease | None = None,
+    ) -> list[Outcome]:
+        """Commit a batch in one transaction (one round trip); one outcome per item, in order."""
+        await self._ready()
+        requests = self._batch(items, lease)
+        results = await self._backend.commit_many(requests) if requests else []
+        pairs = zip(results, requests, strict=True)
+        return [self._outcome(res, req.intent, lease) for res, req in pairs]
+
+    async def apply(
+        self,
+        intent: Intent,
+        decide: Decision,
+        *,
+        on_stale: StalePolicy | None = None,
+        lease: AsyncLease | None = None,
+    ) -> Outcome:
+        """Run ``decide(record)`` and commit its state; on Stale follow ``on_stale``.
+
+        ``decide`` runs outside any transaction or lock of the store and returns a
+        new state, or ``fencing.SKIP``.
+        """
+        policy = check_policy(on_stale if on_stale is not None else Drop())
+        await self._ready()
+        probe = self._probe_request(intent, lease)
+
+        async def handle(step: Any) -> Any:
+            if isinstance(step, Probe):
+                return await self._backend.probe(probe)
+            if isinstance(step, Decide):
+                return await maybe_await(decide(step.record))
+            if isinstance(step, Commit):
+                return await self._backend.commit(self._request(step.intent, step.state, lease))
+            if isinstance(step, Sleep):
+                return await sleep_async(step.seconds)
+            if isinstance(step, CallReconcile) and not isinstance(policy, Drop | type(None)):
+                handler = getattr(policy, "handler")  # noqa: B009 - Reconcile only
+                return await maybe_await(handler(step.intent, step.record, ()))
+            raise AssertionError(step)  # pragma: no cover
+
+        return self._seen(await adrive(apply_flow(probe.intent, policy), handle), lease)
+
+
+class AsyncCollection(_AsyncOps):
+    """Library-managed versioned records: ``store.collection("orders")``."""
+
+    async def create(self, key: str, state: Mapping[str, Any]) -> Record:
+        """Create a record at version 1; ``AlreadyExists`` if the key is present."""
+        checked = self._key(key)
+        return await self._backend.create(self.target, checked, self._state_json(state))
+
+    async def delete(self, key: str) -> bool:
+        """Delete a record; later commits to it report ``Missing``."""
+        return await self._backend.delete(self.target, self._key(key))
+
+
+class AsyncTable(_AsyncOps):
+    """A table the user owns, guarded by its key and version columns."""
+
+
+class AsyncLease(LeaseBase):
+    """A held lease (see ``LeaseBase``); a context manager that releases on exit."""
+
+    store: AsyncStore
+    __slots__ = ("_heartbeat",)
+
+    def __init__(
+        self, store: AsyncStore, name: str, owner: str, ttl: float, answer: LeaseAnswer
+    ) -> None:
+        super().__init__(store, name, owner, ttl, answer)
+        self._heartbeat = AsyncRunner()
+
+    async def renew(self, ttl: float | None = None) -> None:
+        """Extend the lease by ``ttl`` (default: its TTL) from now, by the store's clock."""
+        answer = await self.store.backend.renew(self.name, self.token, self._renew_ttl(ttl))
+        if not self._after_renew(answer):
+            raise LeaseLost(f"lease {self.name!r} token {self.token} is lost ({self.lost_reason})")
+
+    async def release(self) -> None:
+        """Give the lease up; its token is never reused. ``LeaseLost`` if no longer held."""
+        await self.stop_heartbeat()
+        if self.released:
+            return
+        if not self._after_release(await self.store.backend.release(self.name, self.token)):
+            raise LeaseLost(f"lease {self.name!r} token {self.token} was already lost")
+
+    def start_heartbeat(
+        self,
+        interval: float | None = None,
+        on_lost: Callable[[AsyncLease], Any] | None = None,
+    ) -> None:
+        """Renew in the background every ``interval`` (default TTL/3) until released."""
+        if self._heartbeat.running:
+            return
+        every = self._heartbeat_interval(interval)
+
+        async def handle(step: Any) -> Any:
+            if isinstance(step, Sleep):
+                return await self._heartbeat.sleep(step.seconds)
+            try:
+                await self.renew()
+            except LeaseLost:
+                return False
+            except Exception as exc:
+                return exc
+            return True
+
+        async def run() -> None:
+            try:
+                reason = await adrive(heartbeat_flow(self.ttl, every), handle)
+            except Stopped:
+                return
+            if reason is not None:
+                self._mark_lost(reason)
+            if on_lost is not None:
+                await maybe_await(on_lost(self))
+
+        self._heartbeat.start(f"fencing-heartbeat-{self.name}", run)
+
+    async def stop_heartbeat(self) -> None:
+        """Stop renewing (the lease stays held until it expires or is released)."""
+        await self._heartbeat.stop()
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Never raise over the body's own error; a lost lease shows as ``lease.lost``.
+        await self.stop_heartbeat()
+        if not self.released:
+            self._after_release(await self.store.backend.release(self.name, self.token))
+
+
+class AsyncLeaseContext:
+    """``with store.lease(name, owner=..., ttl=...) as lease:`` acquires on entry."""
+
+    def __init__(self, store: AsyncStore, kwargs: dict[str, Any]) -> None:
+        self._store = store
+        self._kwargs = kwargs
+        self._lease: AsyncLease | None = None
+
+    async def __aenter__(self) -> AsyncLease:
+        self._lease = await self._store.acquire(**self._kwargs)
+        return self._lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._lease is not None:
+            await self._lease.__aexit__(exc_type, exc, tb)
+
+
+class AsyncStore:
+    """A store opened by ``fencing.open_async(url)``; share it between the tasks of its loop."""
+
+    def __init__(self, backend: AsyncBackend, url: str, options: StoreOptions) -> None:
+        self.backend = backend
+        self.url = url
+        self.options = options
+        self._lock = threading.Lock()
+        self._fronts: dict[tuple[Any, ...], _AsyncOps] = {}
+
+    def __repr__(self) -> str:
+        return f"<fencing.AsyncStore {self.backend.scheme}>"
+
+    def collection(self, name: str) -> AsyncCollection:
+        """The collection ``name`` (created implicitly; records are created explicitly)."""
+        target = Target("collection", check_name(name, "collection"))
+        front: AsyncCollection = self._front(AsyncCollection, target)
+        return front
+
+    def table(self, name: str, *, key: str = "id", version: str | None = "version") -> AsyncTable:
+        """Guard a table you own: commits write only the given columns, conditionally."""
+        target = Target(
+            "table",
+            check_column(name, "table"),
+            check_column(key, "key column"),
+            None if version is None else check_column(version, "version column"),
+        )
+        front: AsyncTable = self._front(AsyncTable, target)
+        return front
+
+    def _front(self, cls: type[Any], target: Target) -> Any:
+        with self._lock:
+            front = self._fronts.get((cls, target))
+            if front is None:
+                front = self._fronts[(cls, target)] = cls(self, self.options, target)
+            return front
+
+    async def acquire(
+        self,
+        name: str,
+        *,
+        owner: str,
+        ttl: float,
+        wait: float | None = None,
+        heartbeat: bool = False,
+        on_lost: Callable[[AsyncLease], Any] | None = None,
+    ) -> AsyncLease:
+        """Acquire a lease, waiting up to ``wait`` seconds; ``LeaseHeld`` if still held."""
+        name, owner, ttl = check_lease_args(name, owner, ttl)
+        wait = check_wait(wait)
+
+        async def handle(step: Any) -> Any:
+            if isinstance(step, Acquire):
+                return await self.backend.acquire(name, owner, ttl)
+            return await sleep_async(step.seconds)
+
+        answer: LeaseAnswer = await adrive(acquire_flow(wait), handle)
+        if not answer.granted:
+            raise _held(name, answer)
+        lease = AsyncLease(self, name, owner, ttl, answer)
+        if heartbeat or on_lost is not None:
+            lease.start_heartbeat(on_lost=on_lost)
+        return lease
+
+    async def try_acquire(self, name: str, *, owner: str, ttl: float) -> AsyncLease | None:
+        """Acquire a lease if it is free now; None if it is held."""
+        try:
+            return await self.acquire(name, owner=owner, ttl=ttl)
+        except LeaseHeld:
+            return None
+
+    def lease(
+        self,
+        name: str,
+        *,
+        owner: str,
+        ttl: float,
+        wait: float | None = None,
+        heartbeat: bool = False,
+        on_lost: Callable[[AsyncLease], Any] | None = None,
+    ) -> AsyncLeaseContext:
+        """``with store.lease(...) as lease:``; the lease is released on exit."""
+        check_lease_args(name, owner, ttl)
+        check_wait(wait)
+        kwargs = {"name": name, "owner": owner, "ttl": ttl, "wait": wait}
+        return AsyncLeaseContext(self, {**kwargs, "heartbeat": heartbeat, "on_lost": on_lost})
+
+    async def migrate(self) -> None:
+        """Create or upgrade fencing's own tables (idempotent)."""
+        await self.backend.migrate()
+
+    async def prune(self, older_than: float | None = None) -> int:
+        """Forget applied intent ids older than the retention horizon; returns how many."""
+        return await self.backend.prune(
+            self.options.retention if older_than is None else older_than
+        )
+
+    async def close(self) -> None:
+        await self.backend.close()
+
+    async def __aenter__(self) -> AsyncStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _held(name: str, answer: LeaseAnswer) -> LeaseHeld:
+    row = answer.row
+    if row is None or row.owner is None:
+        return LeaseHeld(name)
+    return LeaseHeld(name, row.owner, max(0.0, row.expires_at - answer.now))

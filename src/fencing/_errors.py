@@ -1,0 +1,123 @@
+"""The errors fencing raises.
+
+Stale, duplicate and fenced commits are *outcomes*, never errors. Errors are for
+bad input (refused before anything is written), for configuration, and for a
+store that could not be reached::
+
+    FencingError
+    ├── InvalidInput (also ValueError)       bad input, refused before any write
+    │   ├── InvalidIntent                    malformed, truncated, tampered, mismatched intent
+    │   ├── InvalidState                     state not a JSON object, not JSON, oversize
+    │   ├── InvalidIdentifier                unsafe collection, lease, table or column name
+    │   └── InvalidLeaseRequest              non-positive or absurd TTL, bad owner
+    ├── ConfigurationError                   unknown URL scheme, bad URL option
+    │   └── MissingDependency (ImportError)  a backend's driver is not installed
+    ├── SchemaError                          guarded table or column missing, schema too new
+    ├── AlreadyExists                        create() on a key that is present
+    ├── RecordNotFound (LookupError)         intent() for a key that does not exist
+    ├── LeaseError
+    │   ├── LeaseHeld                        another owner holds the lease
+    │   └── LeaseLost                        renew/release by a holder that no longer holds it
+    └── StoreError                           the store failed
+        └── TransientStoreError              connection dropped, busy, timeout: the outcome
+                                             is unknown; retry with the *same* intent and
+                                             expect Duplicate if the first try landed
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyExists",
+    "ConfigurationError",
+    "FencingError",
+    "InvalidIdentifier",
+    "InvalidInput",
+    "InvalidIntent",
+    "InvalidLeaseRequest",
+    "InvalidState",
+    "LeaseError",
+    "LeaseHeld",
+    "LeaseLost",
+    "MissingDependency",
+    "RecordNotFound",
+    "SchemaError",
+    "StoreError",
+    "TransientStoreError",
+]
+
+
+class FencingError(Exception):
+    """Base of every error fencing raises."""
+
+
+class InvalidInput(FencingError, ValueError):
+    """Input refused before anything was written."""
+
+
+class InvalidIntent(InvalidInput):
+    """An intent that is malformed, truncated, wrong-typed, oversize, tampered or mismatched."""
+
+
+class InvalidState(InvalidInput):
+    """A state that is not a JSON object of JSON values, or is larger than allowed."""
+
+
+class InvalidIdentifier(InvalidInput):
+    """A collection, lease, table or column name outside the safe identifier rules."""
+
+
+class InvalidLeaseRequest(InvalidInput):
+    """A lease request with a bad TTL, owner or wait time."""
+
+
+class ConfigurationError(FencingError):
+    """A store URL or option that fencing cannot use."""
+
+
+class MissingDependency(ConfigurationError, ImportError):
+    """The driver a backend needs is not installed; the message names the extra."""
+
+
+class SchemaError(FencingError):
+    """A guarded table or column does not exist, or the store's schema is unknown."""
+
+
+class AlreadyExists(FencingError):
+    """create() found the key already present; nothing was written."""
+
+
+class RecordNotFound(FencingError, LookupError):
+    """An intent was asked for a record that does not exist."""
+
+
+class LeaseError(FencingError):
+    """A lease operation that could not be done."""
+
+
+class LeaseHeld(LeaseError):
+    """The lease is held by another owner (or by another acquisition)."""
+
+    def __init__(self, name: str, holder: str | None = None, expires_in: float | None = None):
+        self.name = name
+        self.holder = holder
+        self.expires_in = expires_in
+        detail = f" by {holder!r}" if holder else ""
+        if expires_in is not None:
+            detail += f" for another {expires_in:.3f}s"
+        super().__init__(f"lease {name!r} is held{detail}")
+
+
+class LeaseLost(LeaseError):
+    """The caller no longer holds this lease token (it expired or a newer owner took it)."""
+
+
+class StoreError(FencingError):
+    """The store failed to carry out an operation."""
+
+
+class TransientStoreError(StoreError):
+    """The store could not be reached or timed out; the outcome of a commit is unknown.
+
+    Retry with the same intent: if the first attempt landed, the retry reports
+    ``Duplicate`` and nothing is written twice.
+    """

@@ -1,0 +1,281 @@
+"""What the sync and async fronts share: input checks and answers, free of I/O.
+
+``Collection``/``AsyncCollection``, ``Table``/``AsyncTable`` and ``Lease``/``AsyncLease``
+only add the calls to their backend on top of these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._errors import (
+    InvalidIdentifier,
+    InvalidInput,
+    InvalidIntent,
+    InvalidLeaseRequest,
+    InvalidState,
+    LeaseLost,
+    RecordNotFound,
+    SchemaError,
+)
+from ._policy import outcome_for
+from ._rules import LeaseRef, LeaseRow, check_ttl
+from ._validate import check_column, check_key, check_name, dump_state
+from ._values import Fenced, Intent, Outcome, Record
+from .backends._contract import CommitRequest, CommitResult, LeaseAnswer, Target
+
+if TYPE_CHECKING:
+    from ._values import Kind
+
+__all__ = ["LeaseBase", "StoreOptions", "TargetOps"]
+
+MAX_OWNER_CHARS = 200
+MAX_BATCH = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class StoreOptions:
+    """Settings shared by a store's collections and tables."""
+
+    max_state_bytes: int
+    retention: float  # seconds applied intent ids are kept for Duplicate detection
+
+
+class TargetOps:
+    """Pure checks and answers for one collection or table."""
+
+    __slots__ = ("_columns", "_options", "_store", "name", "target")
+
+    def __init__(self, store: object, options: StoreOptions, target: Target) -> None:
+        self._store = store
+        self._options = options
+        self.target = target
+        self.name = target.name
+        self._columns: frozenset[str] | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    @property
+    def kind(self) -> Kind:
+        return self.target.kind
+
+    def _key(self, key: object) -> str | int:
+        key = check_key(key)
+        if self.target.kind == "collection" and not isinstance(key, str):
+            raise InvalidIdentifier(f"collection keys are strings, not {type(key).__name__}")
+        return key
+
+    def _set_columns(self, columns: frozenset[str]) -> frozenset[str]:
+        target = self.target
+        for col in (target.key_column, target.version_column):
+            if col is not None and col not in columns:
+                raise SchemaError(f"table {target.name!r} has no column {col!r}")
+        self._columns = columns
+        return columns
+
+    def _new_intent(
+        self, record: Record | None, key: object, transition: str, guard: Mapping[str, Any] | None
+    ) -> Intent:
+        if record is None:
+            raise RecordNotFound(f"{self.kind} {self.name!r} has no record {key!r}")
+        if self.target.kind == "table" and self.target.version_column is None and guard is None:
+            raise InvalidIntent(
+                f"table {self.name!r} has no version column: an intent needs a guard"
+                " (the field values the row must still hold)"
+            )
+        expected = None if self.target.version_column is None else record.version
+        return Intent.new(self.name, record.key, expected, transition, guard=guard, kind=self.kind)
+
+    def _check_intent(self, intent: object) -> Intent:
+        if not isinstance(intent, Intent):
+            raise InvalidIntent(f"expected an Intent, got {type(intent).__name__}")
+        if intent.collection != self.name or intent.kind != self.kind:
+            raise InvalidIntent(
+                f"intent for {intent.kind} {intent.collection!r} cannot commit to"
+                f" {self.kind} {self.name!r}"
+            )
+        if self.kind == "collection" and not isinstance(intent.key, str):
+            raise InvalidIntent("a collection intent's key must be a string")
+        if self.target.version_column is None and intent.expected_version is not None:
+            raise InvalidIntent(f"table {self.name!r} has no version column to expect")
+        if self.target.version_column is not None and intent.expected_version is None:
+            raise InvalidIntent(f"an intent for {self.name!r} must carry an expected_version")
+        return intent
+
+    def _lease_ref(self, lease: object) -> LeaseRef | None:
+        if lease is None:
+            return None
+        if not isinstance(lease, LeaseBase):
+            raise InvalidInput(f"lease must be a Lease from this store, not {type(lease).__name__}")
+        if lease.store is not self._store:
+            raise InvalidInput("lease was acquired from another store")
+        return lease.ref
+
+    def _state_json(self, state: object) -> str:
+        text = dump_state(state, self._options.max_state_bytes)
+        if self.target.kind == "table":
+            assert isinstance(state, Mapping)
+            self._check_columns(state)
+        return text
+
+    def _check_columns(self, state: Mapping[str, Any]) -> None:
+        if not state:
+            raise InvalidState(f"a commit to table {self.name!r} must set at least one column")
+        assert self._columns is not None
+        target = self.target
+        for column, value in state.items():
+            check_column(column)
+            if column in (target.key_column, target.version_column):
+                raise InvalidState(f"column {column!r} is managed by fencing and cannot be set")
+            if column not in self._columns:
+                raise SchemaError(f"table {self.name!r} has no column {column!r}")
+            if value is not None and not isinstance(value, str | int | float | bool):
+                raise InvalidState(
+                    f"column {column!r} takes a string, number, boolean or None,"
+                    f" not {type(value).__name__}"
+                )
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InvalidState(f"column {column!r} must be finite")
+
+    def _request(self, intent: object, state: object, lease: object) -> CommitRequest:
+        checked = self._check_intent(intent)
+        ref = self._lease_ref(lease)
+        text = self._state_json(state)
+        assert isinstance(state, Mapping)
+        return CommitRequest(self.target, checked, state, text, ref)
+
+    def _probe_request(self, intent: object, lease: object) -> CommitRequest:
+        checked = self._check_intent(intent)
+        return CommitRequest(self.target, checked, {}, "{}", self._lease_ref(lease))
+
+    def _batch(
+        self, items: Iterable[tuple[Intent, Mapping[str, Any]]], lease: object
+    ) -> list[CommitRequest]:
+        requests = [self._request(i, s, lease) for i, s in items]
+        if len(requests) > MAX_BATCH:
+            raise InvalidInput(f"a batch holds at most {MAX_BATCH} commits")
+        ids = {r.intent.id for r in requests}
+        if len(ids) != len(requests):
+            raise InvalidIntent("a batch cannot hold the same intent twice")
+        return requests
+
+    @classmethod
+    def _outcome(cls, result: CommitResult, intent: Intent, lease: object) -> Outcome:
+        return cls._seen(outcome_for(result, intent), lease)
+
+    @staticmethod
+    def _seen(outcome: Outcome, lease: object) -> Outcome:
+        """Tell the lease it was fenced (``lease.lost``); return the outcome."""
+        if isinstance(outcome, Fenced) and isinstance(lease, LeaseBase):
+            lease._saw_fenced(outcome)
+        return outcome
+
+
+def check_owner(owner: object) -> str:
+    if not isinstance(owner, str) or not 0 < len(owner) <= MAX_OWNER_CHARS:
+        raise InvalidLeaseRequest(f"lease owner must be a string of 1 to {MAX_OWNER_CHARS} chars")
+    return owner
+
+
+def check_wait(wait: object) -> float | None:
+    if wait is None:
+        return None
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not math.isfinite(wait):
+        raise InvalidLeaseRequest(f"wait must be a finite number of seconds or None, not {wait!r}")
+    if wait < 0:
+        raise InvalidLeaseRequest("wait must not be negative")
+    return float(wait)
+
+
+def check_lease_args(name: object, owner: object, ttl: object) -> tuple[str, str, float]:
+    return check_name(name, "lease"), check_owner(owner), check_ttl(ttl)
+
+
+class LeaseBase:
+    """A held lease: ``token`` is strictly greater than every earlier token for ``name``.
+
+    ``lost`` becomes True when the store says this token no longer holds the lease
+    (a renewal or release refused, a heartbeat failed, or a commit under it came back
+    ``Fenced``). Whatever this object believes, the store refuses a fenced commit
+    by a token that no longer holds the lease.
+    """
+
+    __slots__ = (
+        "_lost_reason",
+        "expires_at",
+        "lost",
+        "name",
+        "owner",
+        "released",
+        "store",
+        "token",
+        "ttl",
+    )
+
+    def __init__(self, store: object, name: str, owner: str, ttl: float, answer: LeaseAnswer):
+        assert answer.row is not None
+        self.store = store
+        self.name = name
+        self.owner = owner
+        self.ttl = ttl
+        self.token: int = answer.row.token
+        self.expires_at: float = answer.row.expires_at  # by the store's clock
+        self.lost = False
+        self.released = False
+        self._lost_reason: str | None = None
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "released" if self.released else "held"
+        return (
+            f"<{type(self).__name__} {self.name!r} token={self.token} owner={self.owner!r} {state}>"
+        )
+
+    @property
+    def ref(self) -> LeaseRef:
+        return LeaseRef(self.name, self.token)
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost: ``"newer_owner"``, ``"expired"`` or an error text."""
+        return self._lost_reason
+
+    def _mark_lost(self, reason: str) -> None:
+        if not self.lost:
+            self.lost = True
+            self._lost_reason = reason
+
+    def _saw_fenced(self, outcome: Fenced) -> None:
+        self._mark_lost(outcome.reason.value)
+
+    def _reason(self, row: LeaseRow | None) -> str:
+        if row is not None and row.token != self.token:
+            return "newer_owner"
+        return "expired"
+
+    def _after_renew(self, answer: LeaseAnswer) -> bool:
+        if answer.granted and answer.row is not None:
+            self.expires_at = answer.row.expires_at
+            return True
+        self._mark_lost(self._reason(answer.row))
+        return False
+
+    def _after_release(self, answer: LeaseAnswer) -> bool:
+        self.released = True
+        if answer.granted:
+            return True
+        self._mark_lost(self._reason(answer.row))
+        return False
+
+    def _renew_ttl(self, ttl: float | None) -> float:
+        if self.released:
+            raise LeaseLost(f"lease {self.name!r} was released; acquire a new one")
+        return self.ttl if ttl is None else check_ttl(ttl)
+
+    def _heartbeat_interval(self, interval: float | None) -> float:
+        if interval is None:
+            return self.ttl / 3.0
+        return check_ttl(interval, "heartbeat interval")

@@ -1,0 +1,282 @@
+"""Stale policies and the apply state machine, free of I/O.
+
+``apply_flow`` is a generator that yields the steps it needs (probe, decide,
+commit, sleep, reconcile) and receives their results; the sync and async stores
+only drive it (``drive`` / ``adrive``), so the logic exists once.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ._errors import InvalidInput
+from ._rules import Status
+from ._values import (
+    SKIP,
+    Committed,
+    Contended,
+    Duplicate,
+    Fenced,
+    FenceReason,
+    Intent,
+    Missing,
+    Outcome,
+    Record,
+    Skipped,
+    Stale,
+)
+from .backends._contract import CommitResult
+
+__all__ = [
+    "Drop",
+    "Recompute",
+    "Reconcile",
+    "StalePolicy",
+    "adrive",
+    "apply_flow",
+    "drive",
+    "outcome_for",
+]
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """On ``Stale``: stop and report the ``Stale`` outcome. The default."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recompute:
+    """On ``Stale``: re-run ``decide`` against the current record, at most ``attempts`` times.
+
+    ``attempts`` counts calls of ``decide``; between attempts it sleeps a full-jitter
+    exponential backoff (``backoff * 2**n``, capped at ``max_backoff``). When the
+    attempts run out the outcome is ``Contended``.
+    """
+
+    attempts: int = 3
+    backoff: float = 0.005
+    max_backoff: float = 0.5
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
+            raise InvalidInput(f"Recompute attempts must be an integer, not {self.attempts!r}")
+        if not 1 <= self.attempts <= 1000:
+            raise InvalidInput(f"Recompute attempts must be 1 to 1000, not {self.attempts}")
+        for name in ("backoff", "max_backoff"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise InvalidInput(f"Recompute {name} must be a non-negative number")
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """The jittered sleep before recompute number ``attempt`` (1-based)."""
+        cap = min(self.max_backoff, self.backoff * 2 ** min(attempt - 1, 32))
+        return (rng or random).uniform(0.0, cap)
+
+
+#: ``handler(intent, current, effects)``; may return an awaitable in async stores.
+ReconcileHandler = Callable[[Intent, Record, Sequence[Any]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile:
+    """On ``Stale``: an external effect already happened; call ``handler`` once.
+
+    The handler gets the intent, the current record, and the effects recorded for
+    the intent; the outcome stays ``Stale``.
+    """
+
+    handler: ReconcileHandler
+
+    def __post_init__(self) -> None:
+        if not callable(self.handler):
+            raise InvalidInput("Reconcile needs a callable handler(intent, current, effects)")
+
+
+StalePolicy = Drop | Recompute | Reconcile
+
+
+def check_policy(policy: object) -> StalePolicy:
+    if not isinstance(policy, Drop | Recompute | Reconcile):
+        raise InvalidInput(
+            f"on_stale must be Drop(), Recompute(...) or Reconcile(...), not {policy!r}"
+        )
+    return policy
+
+
+# -- the steps a flow asks its driver to carry out -----------------------------------
+@dataclass(frozen=True, slots=True)
+class Probe:
+    intent: Intent
+
+
+@dataclass(frozen=True, slots=True)
+class Decide:
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    intent: Intent
+    state: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class CallReconcile:
+    intent: Intent
+    record: Record
+
+
+Step = Probe | Decide | Commit | Sleep | CallReconcile
+Flow = Generator[Any, Any, R]
+
+
+def outcome_for(result: CommitResult, intent: Intent) -> Outcome:
+    """The public outcome for a backend's answer."""
+    status, record = result.status, result.record
+    if status is Status.MISSING or record is None:
+        return Missing(intent)
+    if status is Status.APPLIED:
+        return Committed(record, intent)
+    if status is Status.STALE:
+        return Stale(record, intent)
+    if status is Status.DUPLICATE:
+        return Duplicate(record, intent)
+    if status is Status.FENCED_NEWER:
+        return Fenced(record, FenceReason.NEWER_OWNER, intent)
+    if status is Status.FENCED_EXPIRED:
+        return Fenced(record, FenceReason.EXPIRED, intent)
+    raise AssertionError(f"unexpected status {status}")  # pragma: no cover
+
+
+def _recompute_intent(intent: Intent, current: Record, attempt: int) -> Intent:
+    if intent.expected_version is not None:
+        return intent.derive(current.version, attempt)
+    # A guard-only intent (a table with no version column) re-guards the same
+    # fields at their current values: decide() has judged the current state.
+    guard = {f: current.state.get(f) for f in intent.guard or ()}
+    return Intent(
+        id=f"{intent.root_id}~{attempt}",
+        collection=intent.collection,
+        key=intent.key,
+        expected_version=None,
+        transition=intent.transition,
+        guard=guard,
+        kind=intent.kind,
+        decided_at=intent.decided_at,
+    )
+
+
+def apply_flow(
+    intent: Intent, policy: StalePolicy, rng: random.Random | None = None
+) -> Flow[Outcome]:
+    """Probe, decide, commit; on Stale follow the policy. Never more than N decides."""
+    result: CommitResult = yield Probe(intent)
+    current = intent
+    calls = 0
+    while True:
+        if result.status is Status.OK and result.record is not None:
+            calls += 1
+            state = yield Decide(result.record)
+            if state is SKIP:
+                return Skipped(result.record, current)
+            result = yield Commit(current, state)
+        if result.status is not Status.STALE or result.record is None:
+            return outcome_for(result, current)
+        record = result.record
+        if isinstance(policy, Recompute):
+            if calls >= policy.attempts:
+                return Contended(record, calls, current)
+            if calls > 0:
+                yield Sleep(policy.delay(calls, rng))
+            current = _recompute_intent(intent, record, calls + 1)
+            result = CommitResult(Status.OK, record)
+            continue
+        if isinstance(policy, Reconcile):
+            yield CallReconcile(current, record)
+        return Stale(record, current)
+
+
+def drive(flow: Flow[R], handle: Callable[[Any], Any]) -> R:
+    """Run a flow synchronously: ``handle(step)`` carries out each step."""
+    try:
+        step = next(flow)
+        while True:
+            step = flow.send(handle(step))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def adrive(flow: Flow[R], handle: Callable[[Any], Awaitable[Any]]) -> R:
+    """Run a flow on an event loop: ``await handle(step)`` carries out each step."""
+    try:
+        step = next(flow)
+        while True:
+            step = flow.send(await handle(step))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+# -- leases: waiting for a held lease, and the heartbeat ------------------------------
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Renew:
+    pass
+
+
+def acquire_flow(
+    wait: float | None,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> Flow[Any]:
+    """Try to acquire; while held, sleep (jittered, at most until the holder's expiry)."""
+    deadline = None if wait is None else clock() + wait
+    delay = 0.005
+    while True:
+        answer = yield Acquire()
+        if answer.granted or deadline is None:
+            return answer
+        left = deadline - clock()
+        if left <= 0:
+            return answer
+        row = answer.row
+        until_expiry = row.expires_at - answer.now if row is not None and row.owner else delay
+        pause = min(left, max(0.001, min(until_expiry, delay)))
+        yield Sleep((rng or random).uniform(pause / 2, pause))
+        delay = min(delay * 2, 0.25)
+
+
+def heartbeat_flow(
+    ttl: float, interval: float, clock: Callable[[], float] = time.monotonic
+) -> Flow[str | None]:
+    """Renew every ``interval``; end with the reason the lease was lost.
+
+    A renewal answers True (renewed), False (the store says the token lost the
+    lease) or an exception (the store could not be reached): those are retried
+    until a whole TTL has passed since the last successful renewal.
+    """
+    last_ok = clock()
+    while True:
+        yield Sleep(interval)
+        result = yield Renew()
+        if result is True:
+            last_ok = clock()
+        elif result is False:
+            return None
+        elif clock() - last_ok >= ttl:
+            return f"renewal failed: {result}"

@@ -1,0 +1,356 @@
+"""Immutable values: records, intents and commit outcomes. No I/O."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar, Final, Literal
+
+from ._errors import InvalidIdentifier, InvalidIntent, InvalidState
+from ._validate import check_guard, check_key, check_name
+
+__all__ = [
+    "SKIP",
+    "Committed",
+    "Contended",
+    "Duplicate",
+    "FenceReason",
+    "Fenced",
+    "Intent",
+    "Missing",
+    "Outcome",
+    "Record",
+    "Skip",
+    "Skipped",
+    "Stale",
+]
+
+Kind = Literal["collection", "table"]
+INTENT_FORMAT: Final = 1
+MAX_INTENT_BYTES: Final = 64 * 1024
+MAX_VERSION: Final = 2**63 - 1
+_INTENT_ID = re.compile(r"[A-Za-z0-9_.:~\-]{1,128}")
+_FIELDS: Final = frozenset(
+    {
+        "v",
+        "id",
+        "kind",
+        "collection",
+        "key",
+        "expected_version",
+        "transition",
+        "guard",
+        "decided_at",
+    }
+)
+
+
+class Skip(enum.Enum):
+    """The type of :data:`SKIP`."""
+
+    SKIP = "SKIP"
+
+    def __repr__(self) -> str:
+        return "fencing.SKIP"
+
+
+#: Returned by a ``decide`` function to commit nothing; the outcome is ``Skipped``.
+SKIP: Final = Skip.SKIP
+
+
+def _frozen(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    return state if isinstance(state, MappingProxyType) else MappingProxyType(dict(state))
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A versioned piece of state as the store holds it.
+
+    ``version`` grows by one on every guarded write and is never reused; ``fence``
+    is the highest lease token that wrote the record (0 if none).
+    """
+
+    collection: str
+    key: str | int
+    version: int
+    fence: int
+    state: Mapping[str, Any]
+    kind: Kind = "collection"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", _frozen(self.state))
+
+    def intent(self, transition: str, *, guard: Mapping[str, Any] | None = None) -> Intent:
+        """An intent to apply ``transition`` to this record as it is now."""
+        return Intent.new(
+            self.collection, self.key, self.version, transition, guard=guard, kind=self.kind
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "collection": self.collection,
+            "kind": self.kind,
+            "key": self.key,
+            "version": self.version,
+            "fence": self.fence,
+            "state": dict(self.state),
+        }
+
+
+def _fail(problem: str) -> InvalidIntent:
+    return InvalidIntent(f"invalid intent: {problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """What a task decided against: captured when the work is created, carried with it.
+
+    Immutable and JSON round-trippable (:meth:`to_json`, :meth:`from_json`).
+    ``expected_version`` is the record's version at the moment of the decision;
+    ``guard``, when given, names field values the record must still hold.
+    """
+
+    id: str
+    collection: str
+    key: str | int
+    expected_version: int | None
+    transition: str
+    guard: Mapping[str, Any] | None = None
+    kind: Kind = "collection"
+    decided_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        # Validate on every construction path, so no invalid intent ever exists.
+        try:
+            if not isinstance(self.id, str) or _INTENT_ID.fullmatch(self.id) is None:
+                raise _fail(f"id {self.id!r} must be 1-128 of letters, digits and '_ . : ~ -'")
+            if self.kind not in ("collection", "table"):
+                raise _fail(f"kind {self.kind!r} must be 'collection' or 'table'")
+            check_name(self.collection, self.kind)
+            check_key(self.key)
+            check_name(self.transition, "transition")
+            v = self.expected_version
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_VERSION
+            ):
+                raise _fail(f"expected_version {v!r} must be an integer from 0 to 2**63-1")
+            guard = check_guard(self.guard)
+            if v is None and guard is None:
+                raise _fail("an intent needs an expected_version, a guard, or both")
+            d = self.decided_at
+            if isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d):
+                raise _fail(f"decided_at {d!r} must be a finite number")
+        except (InvalidIdentifier, InvalidState) as exc:
+            raise _fail(str(exc)) from exc
+        if guard is not None:
+            object.__setattr__(self, "guard", MappingProxyType(guard))
+
+    @classmethod
+    def new(
+        cls,
+        collection: str,
+        key: str | int,
+        expected_version: int | None,
+        transition: str,
+        *,
+        guard: Mapping[str, Any] | None = None,
+        kind: Kind = "collection",
+    ) -> Intent:
+        """A fresh intent with a new unique id."""
+        return cls(
+            id=uuid.uuid4().hex,
+            collection=collection,
+            key=key,
+            expected_version=expected_version,
+            transition=transition,
+            guard=guard,
+            kind=kind,
+            decided_at=time.time(),
+        )
+
+    def derive(self, expected_version: int | None, attempt: int) -> Intent:
+        """The intent a ``Recompute`` attempt commits: same work, a newer version.
+
+        The id is derived deterministically (``<id>~<attempt>``), so a redelivered
+        task that recomputes again is recognised as a ``Duplicate``.
+        """
+        base = self.id.split("~", 1)[0]
+        return Intent(
+            id=f"{base}~{attempt}",
+            collection=self.collection,
+            key=self.key,
+            expected_version=expected_version,
+            transition=self.transition,
+            guard=self.guard,
+            kind=self.kind,
+            decided_at=self.decided_at,
+        )
+
+    @property
+    def root_id(self) -> str:
+        """The id of the original intent this one was derived from (itself if not derived)."""
+        return self.id.split("~", 1)[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "v": INTENT_FORMAT,
+            "id": self.id,
+            "kind": self.kind,
+            "collection": self.collection,
+            "key": self.key,
+            "expected_version": self.expected_version,
+            "transition": self.transition,
+            "guard": dict(self.guard) if self.guard is not None else None,
+            "decided_at": self.decided_at,
+        }
+
+    def to_json(self) -> str:
+        """Compact, canonical JSON (sorted keys), safe to put in a task message."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Intent:
+        if not isinstance(data, dict):
+            raise _fail(f"expected a JSON object, got {type(data).__name__}")
+        unknown = set(data) - _FIELDS
+        if unknown:
+            raise _fail(f"unknown field(s) {sorted(unknown)}")
+        missing = {"v", "id", "collection", "key", "expected_version", "transition"} - set(data)
+        if missing:
+            raise _fail(f"missing field(s) {sorted(missing)}")
+        if data["v"] != INTENT_FORMAT or isinstance(data["v"], bool):
+            raise _fail(f"format version {data['v']!r} is not supported (this is {INTENT_FORMAT})")
+        return cls(
+            id=data["id"],
+            collection=data["collection"],
+            key=data["key"],
+            expected_version=data["expected_version"],
+            transition=data["transition"],
+            guard=data.get("guard"),
+            kind=data.get("kind", "collection"),
+            decided_at=data.get("decided_at", 0.0),
+        )
+
+    @classmethod
+    def from_json(cls, payload: str | bytes) -> Intent:
+        """Parse and validate an intent; anything malformed raises :class:`InvalidIntent`."""
+        if not isinstance(payload, str | bytes):
+            raise _fail(f"payload must be str or bytes, not {type(payload).__name__}")
+        if len(payload) > MAX_INTENT_BYTES:
+            raise _fail(f"payload is {len(payload)} bytes, above {MAX_INTENT_BYTES}")
+        try:
+            data = json.loads(payload, parse_constant=_no_constant)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _fail(f"not valid JSON ({exc})") from exc
+        return cls.from_dict(data)
+
+
+def _no_constant(name: str) -> Any:
+    raise _fail(f"{name} is not allowed")
+
+
+class FenceReason(enum.StrEnum):
+    """Why a fenced commit was refused."""
+
+    NEWER_OWNER = "newer_owner"  #: a newer lease token took over the lease or wrote the record
+    EXPIRED = "expired"  #: the lease ran out by the store's clock; nobody took over (yet)
+
+
+class Outcome:
+    """Base of every commit outcome. ``outcome.committed`` is True only for ``Committed``."""
+
+    __slots__ = ()
+    committed: ClassVar[bool] = False
+    kind: ClassVar[str]
+
+    @property
+    def current(self) -> Record | None:
+        """The record as the store holds it after this outcome (None when missing)."""
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Committed(Outcome):
+    """Applied: ``record`` is the record at its new version."""
+
+    record: Record
+    intent: Intent | None = field(default=None, compare=False)
+    committed: ClassVar[bool] = True
+    kind: ClassVar[str] = "committed"
+    __match_args__ = ("record",)
+
+    @property
+    def current(self) -> Record:
+        return self.record
+
+
+@dataclass(frozen=True, slots=True)
+class Stale(Outcome):
+    """The record moved on since the intent was decided; nothing was written."""
+
+    current: Record
+    intent: Intent | None = field(default=None, compare=False)
+    kind: ClassVar[str] = "stale"
+    __match_args__ = ("current",)
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate(Outcome):
+    """This very intent was committed before (a redelivery or a retry): safe to acknowledge."""
+
+    record: Record
+    intent: Intent | None = field(default=None, compare=False)
+    kind: ClassVar[str] = "duplicate"
+    __match_args__ = ("record",)
+
+    @property
+    def current(self) -> Record:
+        return self.record
+
+
+@dataclass(frozen=True, slots=True)
+class Fenced(Outcome):
+    """The lease that guarded the write lost to a newer owner, or expired; nothing written."""
+
+    current: Record
+    reason: FenceReason = FenceReason.NEWER_OWNER
+    intent: Intent | None = field(default=None, compare=False)
+    kind: ClassVar[str] = "fenced"
+    __match_args__ = ("current", "reason")
+
+
+@dataclass(frozen=True, slots=True)
+class Missing(Outcome):
+    """The record does not exist (it was deleted, or never created)."""
+
+    intent: Intent | None = field(default=None, compare=False)
+    kind: ClassVar[str] = "missing"
+    __match_args__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped(Outcome):
+    """The decide function returned ``SKIP``; nothing was written."""
+
+    current: Record | None = None
+    intent: Intent | None = field(default=None, compare=False)
+    kind: ClassVar[str] = "skipped"
+    __match_args__ = ("current",)
+
+
+@dataclass(frozen=True, slots=True)
+class Contended(Outcome):
+    """A ``Recompute`` policy ran out of attempts; ``current`` is the last record seen."""
+
+    current: Record
+    attempts: int = 0
+    intent: Intent | None = field(default=None, compare=False)
+    kind: ClassVar[str] = "contended"
+    __match_args__ = ("current", "attempts")

@@ -1,0 +1,1 @@
+"""Backends: thin drivers over one small contract (see ``fencing.backends._contract``)."""

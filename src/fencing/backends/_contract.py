@@ -1,0 +1,178 @@
+"""The one small contract every backend implements, sync and async.
+
+A backend only stores and answers; it never decides policy. Every commit is one
+atomic conditional write that either applies or reports, from the same atomic
+step, the current record and why it did not apply. No backend offers an
+operation it cannot do atomically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from .._rules import LeaseRef, LeaseRow, Status
+from .._values import Intent, Kind, Record
+
+__all__ = [
+    "AsyncBackend",
+    "Backend",
+    "CommitRequest",
+    "CommitResult",
+    "LeaseAnswer",
+    "Target",
+    "ThreadedAsyncBackend",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where records live: a library-managed collection, or a table the user owns."""
+
+    kind: Kind
+    name: str
+    key_column: str = "key"
+    version_column: str | None = "version"
+
+    @property
+    def scope(self) -> str:
+        """The namespace of applied intents and fences: ``c:name`` or ``t:name``."""
+        return ("c:" if self.kind == "collection" else "t:") + self.name
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest:
+    """One conditional write: apply ``state`` if ``intent`` still holds (and ``lease``)."""
+
+    target: Target
+    intent: Intent
+    state: Mapping[str, Any]
+    state_json: str  # the canonical JSON of ``state``, validated before any I/O
+    lease: LeaseRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """What the store did: the status and the record (new if applied, else current)."""
+
+    status: Status
+    record: Record | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseAnswer:
+    """A lease operation's answer: the row after it, and whether it was granted.
+
+    ``now`` is the store's clock at that moment, so callers can tell how long is left
+    without trusting their own clock.
+    """
+
+    granted: bool
+    row: LeaseRow | None
+    now: float
+
+
+class Backend(Protocol):
+    """The synchronous store contract."""
+
+    scheme: str
+
+    def migrate(self) -> None: ...
+    def close(self) -> None: ...
+    def columns(self, target: Target) -> frozenset[str]: ...
+    def read(self, target: Target, key: str | int) -> Record | None: ...
+    def probe(self, request: CommitRequest) -> CommitResult: ...
+    def create(self, target: Target, key: str | int, state_json: str) -> Record: ...
+    def delete(self, target: Target, key: str | int) -> bool: ...
+    def commit(self, request: CommitRequest) -> CommitResult: ...
+    def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitResult]: ...
+    def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer: ...
+    def renew(self, name: str, token: int, ttl: float) -> LeaseAnswer: ...
+    def release(self, name: str, token: int) -> LeaseAnswer: ...
+    def lease_state(self, name: str) -> LeaseAnswer: ...
+    def prune(self, older_than: float) -> int: ...
+
+
+class AsyncBackend(Protocol):
+    """The asynchronous store contract: the same primitives, awaitable."""
+
+    scheme: str
+
+    async def migrate(self) -> None: ...
+    async def close(self) -> None: ...
+    async def columns(self, target: Target) -> frozenset[str]: ...
+    async def read(self, target: Target, key: str | int) -> Record | None: ...
+    async def probe(self, request: CommitRequest) -> CommitResult: ...
+    async def create(self, target: Target, key: str | int, state_json: str) -> Record: ...
+    async def delete(self, target: Target, key: str | int) -> bool: ...
+    async def commit(self, request: CommitRequest) -> CommitResult: ...
+    async def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitResult]: ...
+    async def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer: ...
+    async def renew(self, name: str, token: int, ttl: float) -> LeaseAnswer: ...
+    async def release(self, name: str, token: int) -> LeaseAnswer: ...
+    async def lease_state(self, name: str) -> LeaseAnswer: ...
+    async def prune(self, older_than: float) -> int: ...
+
+
+class ThreadedAsyncBackend:
+    """An async backend over a sync one whose calls block (SQLite), or that never block.
+
+    With ``inline=True`` (the memory backend, which does no I/O) calls run directly
+    on the event loop; otherwise each runs in a worker thread.
+    """
+
+    def __init__(self, sync: Backend, *, inline: bool = False) -> None:
+        self.sync = sync
+        self.scheme = sync.scheme
+        self._inline = inline
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._inline:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
+
+    async def migrate(self) -> None:
+        await self._call(self.sync.migrate)
+
+    async def close(self) -> None:
+        await self._call(self.sync.close)
+
+    async def columns(self, target: Target) -> frozenset[str]:
+        return await self._call(self.sync.columns, target)
+
+    async def read(self, target: Target, key: str | int) -> Record | None:
+        return await self._call(self.sync.read, target, key)
+
+    async def probe(self, request: CommitRequest) -> CommitResult:
+        return await self._call(self.sync.probe, request)
+
+    async def create(self, target: Target, key: str | int, state_json: str) -> Record:
+        return await self._call(self.sync.create, target, key, state_json)
+
+    async def delete(self, target: Target, key: str | int) -> bool:
+        return await self._call(self.sync.delete, target, key)
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        return await self._call(self.sync.commit, request)
+
+    async def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitResult]:
+        return await self._call(self.sync.commit_many, requests)
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer:
+        return await self._call(self.sync.acquire, name, owner, ttl)
+
+    async def renew(self, name: str, token: int, ttl: float) -> LeaseAnswer:
+        return await self._call(self.sync.renew, name, token, ttl)
+
+    async def release(self, name: str, token: int) -> LeaseAnswer:
+        return await self._call(self.sync.release, name, token)
+
+    async def lease_state(self, name: str) -> LeaseAnswer:
+        return await self._call(self.sync.lease_state, name)
+
+    async def prune(self, older_than: float) -> int:
+        return await self._call(self.sync.prune, older_than)

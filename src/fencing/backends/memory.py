@@ -1,0 +1,205 @@
+"""The ``memory://`` backend: a real backend with the full contract, in one process.
+
+It runs the pure rules of ``fencing._rules`` under one lock; it is what unit tests
+use, and the reference the other backends are held to. Nothing survives the process.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from .._errors import AlreadyExists, SchemaError
+from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
+from .._values import Record
+from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
+
+__all__ = ["MemoryBackend"]
+
+
+class _Table:
+    __slots__ = ("columns", "key", "rows", "version")
+
+    def __init__(self, key: str, version: str | None, columns: Iterable[str]) -> None:
+        self.key = key
+        self.version = version
+        self.columns = frozenset(columns) | {key} | ({version} if version else set())
+        self.rows: dict[str | int, dict[str, Any]] = {}
+
+
+class MemoryBackend:
+    """All state in dicts under one lock; ``clock`` is the store's clock (monotonic)."""
+
+    scheme = "memory"
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._records: dict[tuple[str, str | int], Record] = {}
+        self._tables: dict[str, _Table] = {}
+        self._applied: dict[tuple[str, str], float] = {}
+        self._fences: dict[tuple[str, str | int], int] = {}
+        self._leases: dict[str, LeaseRow] = {}
+
+    # -- tables the "user owns": the memory store's stand-in for CREATE TABLE / INSERT
+    def create_table(
+        self, name: str, *, key: str = "id", version: str | None = "version", columns: Iterable[str]
+    ) -> None:
+        with self._lock:
+            self._tables[name] = _Table(key, version, columns)
+
+    def insert_row(self, name: str, row: Mapping[str, Any]) -> None:
+        with self._lock:
+            table = self._tables[name]
+            unknown = set(row) - table.columns
+            if unknown:
+                raise SchemaError(f"no column(s) {sorted(unknown)} in table {name!r}")
+            table.rows[row[table.key]] = dict(row)
+
+    def migrate(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def _table(self, target: Target) -> _Table:
+        table = self._tables.get(target.name)
+        if table is None:
+            raise SchemaError(f"table {target.name!r} does not exist")
+        for col in (target.key_column, target.version_column):
+            if col is not None and col not in table.columns:
+                raise SchemaError(f"table {target.name!r} has no column {col!r}")
+        return table
+
+    def columns(self, target: Target) -> frozenset[str]:
+        with self._lock:
+            return self._table(target).columns
+
+    def _read(self, target: Target, key: str | int) -> Record | None:
+        if target.kind == "collection":
+            return self._records.get((target.name, key))
+        row = self._table(target).rows.get(key)
+        if row is None:
+            return None
+        vcol = target.version_column
+        state = {c: v for c, v in row.items() if c not in (target.key_column, vcol)}
+        return Record(
+            target.name,
+            key,
+            int(row[vcol]) if vcol else 0,
+            self._fences.get((target.scope, key), 0),
+            state,
+            "table",
+        )
+
+    def read(self, target: Target, key: str | int) -> Record | None:
+        with self._lock:
+            return self._read(target, key)
+
+    def _judge(self, request: CommitRequest, now: float) -> tuple[Status, Record | None]:
+        target, intent, lease = request.target, request.intent, request.lease
+        record = self._read(target, intent.key)
+        applied = (target.scope, intent.id) in self._applied
+        row = self._leases.get(lease.name) if lease is not None else None
+        return judge(record, applied, intent, lease, row, now), record
+
+    def probe(self, request: CommitRequest) -> CommitResult:
+        with self._lock:
+            status, record = self._judge(request, self.clock())
+            return CommitResult(status, record)
+
+    def create(self, target: Target, key: str | int, state_json: str) -> Record:
+        with self._lock:
+            if (target.name, key) in self._records:
+                raise AlreadyExists(f"{target.name}/{key} already exists")
+            record = Record(target.name, key, 1, 0, json.loads(state_json))
+            self._records[(target.name, key)] = record
+            return record
+
+    def delete(self, target: Target, key: str | int) -> bool:
+        with self._lock:
+            return self._records.pop((target.name, key), None) is not None
+
+    def _commit(self, request: CommitRequest, now: float) -> CommitResult:
+        status, record = self._judge(request, now)
+        if status is not Status.OK or record is None:
+            return CommitResult(status, record)
+        target, intent, lease = request.target, request.intent, request.lease
+        fence = max(record.fence, lease.token) if lease is not None else record.fence
+        state = json.loads(request.state_json)
+        if target.kind == "collection":
+            new = Record(target.name, intent.key, record.version + 1, fence, state)
+            self._records[(target.name, intent.key)] = new
+        else:
+            row = self._table(target).rows[intent.key]
+            row.update(state)
+            if target.version_column:
+                row[target.version_column] = record.version + 1
+            if lease is not None:
+                self._fences[(target.scope, intent.key)] = fence
+            new = self._read(target, intent.key) or record
+        self._applied[(target.scope, intent.id)] = now
+        return CommitResult(Status.APPLIED, new)
+
+    def commit(self, request: CommitRequest) -> CommitResult:
+        with self._lock:
+            return self._commit(request, self.clock())
+
+    def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitResult]:
+        with self._lock:
+            now = self.clock()
+            return [self._commit(r, now) for r in requests]
+
+    def _answer(self, granted: bool, name: str, now: float) -> LeaseAnswer:
+        return LeaseAnswer(granted, self._leases.get(name), now)
+
+    def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer:
+        with self._lock:
+            now = self.clock()
+            row = lease_grant(name, self._leases.get(name), owner, ttl, now)
+            if row is not None:
+                self._leases[name] = row
+            return self._answer(row is not None, name, now)
+
+    def renew(self, name: str, token: int, ttl: float) -> LeaseAnswer:
+        with self._lock:
+            now = self.clock()
+            row = lease_renewal(self._leases.get(name), token, ttl, now)
+            if row is not None:
+                self._leases[name] = row
+            return self._answer(row is not None, name, now)
+
+    def release(self, name: str, token: int) -> LeaseAnswer:
+        with self._lock:
+            now = self.clock()
+            row = self._leases.get(name)
+            ok = row is not None and row.token == token and row.held_at(now)
+            if row is not None and ok:
+                self._leases[name] = LeaseRow(name, None, row.token, 0.0)
+            return self._answer(ok, name, now)
+
+    def lease_state(self, name: str) -> LeaseAnswer:
+        with self._lock:
+            return self._answer(False, name, self.clock())
+
+    def prune(self, older_than: float) -> int:
+        with self._lock:
+            cutoff = self.clock() - older_than
+            old = [k for k, at in self._applied.items() if at < cutoff]
+            for k in old:
+                del self._applied[k]
+            return len(old)
+
+
+def open_backend(url: Any, **options: Any) -> MemoryBackend:
+    """``memory://``: a fresh, empty store private to this call."""
+    return MemoryBackend(**options)
+
+
+async def open_async_backend(url: Any, **options: Any) -> Any:
+    from ._contract import ThreadedAsyncBackend
+
+    return ThreadedAsyncBackend(MemoryBackend(**options), inline=True)

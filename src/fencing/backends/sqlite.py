@@ -1,0 +1,462 @@
+"""The SQLite backend: the embedded default (``sqlite:///path.db``, ``sqlite://:memory:``).
+
+One connection per store, serialised by a lock (threads of one process hand over
+without SQLite's sleeping busy handler); other processes on the same file wait
+on ``busy_timeout``. Every write runs in ``BEGIN IMMEDIATE``, so a commit's check
+and write happen under SQLite's write lock: atomic across threads and processes.
+
+The store's clock is the host's wall clock, read by the backend inside the write
+transaction; every process sharing the file shares that clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final
+
+from .._errors import (
+    AlreadyExists,
+    ConfigurationError,
+    FencingError,
+    SchemaError,
+    StoreError,
+    TransientStoreError,
+)
+from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
+from .._values import Record
+from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
+
+__all__ = ["SCHEMA_VERSION", "SQLiteBackend"]
+
+SCHEMA_VERSION: Final = 1
+
+# The library's own tables, as reviewed text. Keys have no declared type, so a
+# string key and an integer key are stored as what they are.
+SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS fencing_schema (
+    component TEXT PRIMARY KEY,
+    version INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fencing_records (
+    collection TEXT NOT NULL,
+    key NOT NULL,
+    version INTEGER NOT NULL,
+    fence INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (collection, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fencing_applied (
+    scope TEXT NOT NULL,
+    intent_id TEXT NOT NULL,
+    key NOT NULL,
+    applied_at REAL NOT NULL,
+    PRIMARY KEY (scope, intent_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS fencing_applied_at ON fencing_applied (applied_at);
+CREATE TABLE IF NOT EXISTS fencing_fences (
+    scope TEXT NOT NULL,
+    key NOT NULL,
+    fence INTEGER NOT NULL,
+    PRIMARY KEY (scope, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fencing_leases (
+    name TEXT PRIMARY KEY,
+    owner TEXT,
+    token INTEGER NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;
+"""
+
+_CLAIM: Final = (
+    "INSERT INTO fencing_applied (scope, intent_id, key, applied_at) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT DO NOTHING"
+)
+_UNCLAIM: Final = "DELETE FROM fencing_applied WHERE scope = ? AND intent_id = ?"
+_IS_APPLIED: Final = "SELECT 1 FROM fencing_applied WHERE scope = ? AND intent_id = ?"
+_LEASE_LIVE: Final = (
+    " AND EXISTS (SELECT 1 FROM fencing_leases WHERE name = ? AND token = ?"
+    " AND owner IS NOT NULL AND expires_at > ?)"
+)
+_COLLECTION_UPDATE: Final = (
+    "UPDATE fencing_records SET state = ?, version = version + 1, updated_at = ?{fence_set}"
+    " WHERE collection = ? AND key = ? AND version = ?{fence_where} RETURNING version, fence"
+)
+_READ_RECORD: Final = (
+    "SELECT version, fence, state FROM fencing_records WHERE collection = ? AND key = ?"
+)
+_READ_FENCE: Final = "SELECT fence FROM fencing_fences WHERE scope = ? AND key = ?"
+_RAISE_FENCE: Final = (
+    "INSERT INTO fencing_fences (scope, key, fence) VALUES (?, ?, ?)"
+    " ON CONFLICT (scope, key) DO UPDATE SET fence = max(fence, excluded.fence)"
+)
+_READ_LEASE: Final = "SELECT owner, token, expires_at FROM fencing_leases WHERE name = ?"
+_WRITE_LEASE: Final = (
+    "INSERT INTO fencing_leases (name, owner, token, expires_at) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token,"
+    " expires_at = excluded.expires_at"
+)
+
+_SYNC_MODES: Final = {"full": "FULL", "normal": "NORMAL", "extra": "EXTRA"}
+
+
+def quote(identifier: str) -> str:
+    """Quote an identifier already checked by ``check_column``."""
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _translate(exc: sqlite3.Error) -> FencingError:
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and (
+        "locked" in text or "busy" in text or "disk I/O" in text
+    ):
+        return TransientStoreError(f"sqlite: {text}")
+    if "no such table" in text or "no such column" in text:
+        return SchemaError(f"sqlite: {text} (run store.migrate() / fencing migrate URL?)")
+    return StoreError(f"sqlite: {text}")
+
+
+class SQLiteBackend:
+    scheme = "sqlite"
+
+    def __init__(self, path: str, *, synchronous: str = "full", busy_timeout: float = 30.0) -> None:
+        mode = _SYNC_MODES.get(synchronous.lower())
+        if mode is None:
+            raise ConfigurationError(
+                f"sqlite synchronous={synchronous!r}: use full (default), normal or extra"
+            )
+        self.path = path
+        self.synchronous = mode
+        self.busy_timeout = busy_timeout
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = self._connect()
+        self._pid = os.getpid()
+        self._sql_cache: dict[tuple[Any, ...], str] = {}
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_after_fork(ref))
+
+    @property
+    def memory(self) -> bool:
+        return self.path == ":memory:"
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=256,
+            )
+            if not self.memory:
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise ConfigurationError(f"sqlite: could not enable WAL (got {mode})")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+        return conn
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._connect()
+        return conn
+
+    @contextmanager
+    def _txn(self, write: bool = True) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self.conn
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            except sqlite3.Error as exc:
+                raise _translate(exc) from exc
+            try:
+                yield conn
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise _translate(exc) from exc
+                raise
+            else:
+                try:
+                    conn.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise _translate(exc) from exc
+
+    # -- schema -------------------------------------------------------------------
+    def migrate(self) -> None:
+        with self._txn() as conn:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            row = conn.execute(
+                "SELECT version FROM fencing_schema WHERE component = 'core'"
+            ).fetchone()
+            if row is None:
+                conn.execute("INSERT INTO fencing_schema VALUES ('core', ?)", (SCHEMA_VERSION,))
+            elif row[0] > SCHEMA_VERSION:
+                raise SchemaError(
+                    f"this store's schema is version {row[0]}, newer than this fencing"
+                    f" ({SCHEMA_VERSION}); upgrade fencing"
+                )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def columns(self, target: Target) -> frozenset[str]:
+        with self._lock:
+            try:
+                rows = self.conn.execute(f"PRAGMA table_info({quote(target.name)})").fetchall()
+            except sqlite3.Error as exc:
+                raise _translate(exc) from exc
+        if not rows:
+            raise SchemaError(f"table {target.name!r} does not exist")
+        return frozenset(r[1] for r in rows)
+
+    # -- records ------------------------------------------------------------------
+    def _read(self, conn: sqlite3.Connection, target: Target, key: str | int) -> Record | None:
+        if target.kind == "collection":
+            row = conn.execute(_READ_RECORD, (target.name, key)).fetchone()
+            if row is None:
+                return None
+            return Record(target.name, key, row[0], row[1], json.loads(row[2]))
+        cur = conn.execute(
+            f"SELECT * FROM {quote(target.name)} WHERE {quote(target.key_column)} = ?", (key,)
+        )
+        found = cur.fetchone()
+        if found is None:
+            return None
+        fence = conn.execute(_READ_FENCE, (target.scope, key)).fetchone()
+        return self._table_record(target, key, cur.description, found, fence[0] if fence else 0)
+
+    @staticmethod
+    def _table_record(
+        target: Target, key: str | int, description: Any, row: Sequence[Any], fence: int
+    ) -> Record:
+        names = [d[0] for d in description]
+        values = dict(zip(names, row, strict=True))
+        vcol = target.version_column
+        version = int(values.pop(vcol)) if vcol else 0
+        values.pop(target.key_column, None)
+        return Record(target.name, key, version, fence, values, "table")
+
+    def read(self, target: Target, key: str | int) -> Record | None:
+        with self._txn(write=False) as conn:
+            return self._read(conn, target, key)
+
+    def _judge(self, conn: sqlite3.Connection, request: CommitRequest, now: float) -> CommitResult:
+        target, intent, lease = request.target, request.intent, request.lease
+        record = self._read(conn, target, intent.key)
+        applied = conn.execute(_IS_APPLIED, (target.scope, intent.id)).fetchone() is not None
+        row = self._lease_row(conn, lease.name) if lease is not None else None
+        return CommitResult(judge(record, applied, intent, lease, row, now), record)
+
+    def probe(self, request: CommitRequest) -> CommitResult:
+        with self._txn(write=False) as conn:
+            return self._judge(conn, request, time.time())
+
+    def create(self, target: Target, key: str | int, state_json: str) -> Record:
+        with self._txn() as conn:
+            try:
+                conn.execute(
+                    "INSERT INTO fencing_records (collection, key, version, fence, state,"
+                    " updated_at) VALUES (?, ?, 1, 0, ?, ?)",
+                    (target.name, key, state_json, time.time()),
+                )
+            except sqlite3.IntegrityError:
+                raise AlreadyExists(f"{target.name}/{key} already exists") from None
+        return Record(target.name, key, 1, 0, json.loads(state_json))
+
+    def delete(self, target: Target, key: str | int) -> bool:
+        with self._txn() as conn:
+            cur = conn.execute(
+                "DELETE FROM fencing_records WHERE collection = ? AND key = ?", (target.name, key)
+            )
+            return cur.rowcount > 0
+
+    def _update_sql(self, request: CommitRequest) -> str:
+        """The conditional UPDATE for this shape of request (cached per shape)."""
+        target, intent = request.target, request.intent
+        fenced = request.lease is not None
+        shape = (target, fenced, tuple(request.state), tuple(intent.guard or ()))
+        sql = self._sql_cache.get(shape)
+        if sql is not None:
+            return sql
+        if target.kind == "collection":
+            sql = _COLLECTION_UPDATE.format(
+                fence_set=", fence = max(fence, ?)" if fenced else "",
+                fence_where=" AND fence <= ?" + _LEASE_LIVE if fenced else "",
+            )
+        else:
+            sets = [f"{quote(c)} = ?" for c in request.state]
+            where = [f"{quote(target.key_column)} = ?"]
+            if target.version_column:
+                v = quote(target.version_column)
+                sets.append(f"{v} = {v} + 1")
+                if intent.expected_version is not None:
+                    where.append(f"{v} = ?")
+            where += [f"{quote(c)} IS ?" for c in intent.guard or ()]
+            if fenced:
+                where.append(
+                    "NOT EXISTS (SELECT 1 FROM fencing_fences WHERE scope = ? AND key = ?"
+                    " AND fence > ?)" + _LEASE_LIVE
+                )
+            sql = (
+                f"UPDATE {quote(target.name)} SET {', '.join(sets)}"
+                f" WHERE {' AND '.join(where)} RETURNING *"
+            )
+        if len(self._sql_cache) < 1024:
+            self._sql_cache[shape] = sql
+        return sql
+
+    def _params(self, request: CommitRequest, now: float) -> list[Any]:
+        target, intent, lease = request.target, request.intent, request.lease
+        if target.kind == "collection":
+            params: list[Any] = [request.state_json, now]
+            if lease is not None:
+                params.append(lease.token)
+            params += [target.name, intent.key, intent.expected_version]
+            if lease is not None:
+                params += [lease.token, lease.name, lease.token, now]
+            return params
+        params = list(request.state.values())
+        params.append(intent.key)
+        if target.version_column and intent.expected_version is not None:
+            params.append(intent.expected_version)
+        params += list((intent.guard or {}).values())
+        if lease is not None:
+            params += [target.scope, intent.key, lease.token, lease.name, lease.token, now]
+        return params
+
+    def _commit(self, conn: sqlite3.Connection, request: CommitRequest, now: float) -> CommitResult:
+        target, intent, lease = request.target, request.intent, request.lease
+        if target.kind == "collection" and intent.guard is not None:
+            # A JSON guard is judged in Python, under the write lock this transaction holds.
+            judged = self._judge(conn, request, now)
+            if judged.status is not Status.OK:
+                return judged
+        claim = (target.scope, intent.id)
+        if conn.execute(_CLAIM, (*claim, intent.key, now)).rowcount == 0:
+            return self._judge(conn, request, now)  # already applied: Duplicate
+        cur = conn.execute(self._update_sql(request), self._params(request, now))
+        row = cur.fetchone()
+        if row is None:
+            conn.execute(_UNCLAIM, claim)
+            return self._judge(conn, request, now)
+        if target.kind == "collection":
+            return CommitResult(
+                Status.APPLIED, Record(target.name, intent.key, row[0], row[1], request.state)
+            )
+        fence = 0
+        if lease is not None:
+            conn.execute(_RAISE_FENCE, (target.scope, intent.key, lease.token))
+            fence = lease.token
+        else:
+            found = conn.execute(_READ_FENCE, (target.scope, intent.key)).fetchone()
+            fence = found[0] if found else 0
+        record = self._table_record(target, intent.key, cur.description, row, fence)
+        return CommitResult(Status.APPLIED, record)
+
+    def commit(self, request: CommitRequest) -> CommitResult:
+        with self._txn() as conn:
+            return self._commit(conn, request, time.time())
+
+    def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitResult]:
+        with self._txn() as conn:
+            now = time.time()
+            return [self._commit(conn, r, now) for r in requests]
+
+    # -- leases -------------------------------------------------------------------
+    @staticmethod
+    def _lease_row(conn: sqlite3.Connection, name: str) -> LeaseRow | None:
+        row = conn.execute(_READ_LEASE, (name,)).fetchone()
+        return None if row is None else LeaseRow(name, row[0], row[1], row[2])
+
+    def _write_lease(self, conn: sqlite3.Connection, row: LeaseRow) -> None:
+        conn.execute(_WRITE_LEASE, (row.name, row.owner, row.token, row.expires_at))
+
+    def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer:
+        with self._txn() as conn:
+            now = time.time()
+            old = self._lease_row(conn, name)
+            new = lease_grant(name, old, owner, ttl, now)
+            if new is not None:
+                self._write_lease(conn, new)
+            return LeaseAnswer(new is not None, new or old, now)
+
+    def renew(self, name: str, token: int, ttl: float) -> LeaseAnswer:
+        with self._txn() as conn:
+            now = time.time()
+            old = self._lease_row(conn, name)
+            new = lease_renewal(old, token, ttl, now)
+            if new is not None:
+                self._write_lease(conn, new)
+            return LeaseAnswer(new is not None, new or old, now)
+
+    def release(self, name: str, token: int) -> LeaseAnswer:
+        with self._txn() as conn:
+            now = time.time()
+            old = self._lease_row(conn, name)
+            if old is None or old.token != token or not old.held_at(now):
+                return LeaseAnswer(False, old, now)
+            new = LeaseRow(name, None, token, 0.0)
+            self._write_lease(conn, new)
+            return LeaseAnswer(True, new, now)
+
+    def lease_state(self, name: str) -> LeaseAnswer:
+        with self._txn(write=False) as conn:
+            return LeaseAnswer(False, self._lease_row(conn, name), time.time())
+
+    def prune(self, older_than: float) -> int:
+        with self._txn() as conn:
+            cur = conn.execute(
+                "DELETE FROM fencing_applied WHERE applied_at < ?", (time.time() - older_than,)
+            )
+            return cur.rowcount
+
+
+def _forget_after_fork(ref: weakref.ReferenceType[SQLiteBackend]) -> None:
+    # A connection must not cross fork(); the child opens its own on first use.
+    backend = ref()
+    if backend is not None and backend._pid != os.getpid():
+        backend._conn = None
+        backend._lock = threading.RLock()
+        backend._pid = os.getpid()
+
+
+def _sqlite_from_url(url: Any, options: dict[str, Any]) -> SQLiteBackend:
+    sync = options.pop("synchronous", url.option("synchronous", "full"))
+    try:
+        busy = float(options.pop("busy_timeout", url.option("busy_timeout", "30")))
+    except ValueError:
+        raise ConfigurationError("sqlite busy_timeout must be a number of seconds") from None
+    unknown = (set(url.options) - {"synchronous", "busy_timeout"}) | set(options)
+    if unknown:
+        raise ConfigurationError(f"unknown sqlite option(s) {sorted(unknown)}")
+    return SQLiteBackend(url.path, synchronous=sync, busy_timeout=busy)
+
+
+def open_backend(url: Any, **options: Any) -> SQLiteBackend:
+    """``sqlite:///path.db`` (WAL, synchronous=FULL), ``sqlite://:memory:``."""
+    return _sqlite_from_url(url, options)
+
+
+async def open_async_backend(url: Any, **options: Any) -> Any:
+    from ._contract import ThreadedAsyncBackend
+
+    return ThreadedAsyncBackend(_sqlite_from_url(url, options))

@@ -1,0 +1,1 @@
+"""Integrations with task queues, ORMs and telemetry. The core never imports these."""

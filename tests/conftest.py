@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import fencing
+
+from . import _backends
+from ._backends import CASES, TABLE_COLUMNS
+from ._syncify import Loop, Syncified
+
+# server backends register their cases on import
+for _module in ("backends_postgres", "backends_mysql", "backends_redis"):
+    try:
+        __import__(f"tests.{_module}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"tests.{_module}":
+            raise
+
+settings.register_profile(
+    "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=60, deadline=None)
+settings.load_profile("ci" if _backends.CI else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend_name" in metafunc.fixturenames:
+        names = list(CASES)
+        if "shared_backend_name" in metafunc.fixturenames:
+            names = [n for n in names if CASES[n].shared_between_processes]
+        metafunc.parametrize("backend_name", names)
+    if "api" in metafunc.fixturenames:
+        metafunc.parametrize("api", ["sync", "async"])
+
+
+@pytest.fixture
+def shared_backend_name(backend_name: str) -> str:
+    """Only backends whose store can be shared between processes."""
+    return backend_name
+
+
+@pytest.fixture
+def store_url(backend_name: str, tmp_path: Path) -> str:
+    return CASES[backend_name].url(tmp_path)
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    lp = Loop()
+    yield lp
+    lp.close()
+
+
+@pytest.fixture
+def store(store_url: str, api: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh store on each backend, through the sync API and through the async API."""
+    if api == "sync":
+        s = fencing.open(store_url)
+        yield s
+        s.close()
+        return
+    lp: Loop = request.getfixturevalue("loop")
+    s = Syncified(lp.run(fencing.open_async(store_url)), lp)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def make_table(store: Any, backend_name: str) -> Any:
+    """make_table(name, rows, key='id', version='version') -> a guarded table front."""
+
+    def make(
+        name: str = "orders_t",
+        rows: list[dict[str, Any]] | None = None,
+        *,
+        key: str = "id",
+        version: str | None = "version",
+    ) -> Any:
+        target = store.unwrapped if isinstance(store, Syncified) else store
+        create = CASES[backend_name].create_table
+        assert create is not None, f"{backend_name} cannot create test tables"
+        create(target, name, key, version, TABLE_COLUMNS, rows or [])
+        return store.table(name, key=key, version=version)
+
+    return make

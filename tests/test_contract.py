@@ -1,0 +1,384 @@
+"""The contract every backend keeps, run on each backend through the sync and async API."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+import fencing
+from fencing import (
+    SKIP,
+    Committed,
+    Contended,
+    Drop,
+    Duplicate,
+    Fenced,
+    FenceReason,
+    Missing,
+    Recompute,
+    Reconcile,
+    Skipped,
+    Stale,
+)
+
+
+def test_create_get_delete(store: Any) -> None:
+    orders = store.collection("orders")
+    rec = orders.create("o-1", {"status": "new", "items": [1, 2]})
+    assert (rec.key, rec.version, rec.fence) == ("o-1", 1, 0)
+    got = orders.get("o-1")
+    assert got == rec
+    assert dict(got.state) == {"status": "new", "items": [1, 2]}
+    with pytest.raises(fencing.AlreadyExists):
+        orders.create("o-1", {"status": "other"})
+    assert orders.get("o-1").state["status"] == "new"
+    assert orders.get("nope") is None
+    assert orders.delete("o-1") is True
+    assert orders.delete("o-1") is False
+    assert orders.get("o-1") is None
+
+
+def test_collections_are_separate(store: Any) -> None:
+    store.collection("a").create("k", {"n": 1})
+    store.collection("b").create("k", {"n": 2})
+    assert store.collection("a").get("k").state["n"] == 1
+    assert store.collection("b").get("k").state["n"] == 2
+
+
+def test_commit_then_stale_then_duplicate(store: Any) -> None:
+    orders = store.collection("orders")
+    rec = orders.create("o-1", {"status": "new"})
+    ship, cancel = rec.intent("ship"), rec.intent("cancel")
+
+    first = orders.commit(ship, {"status": "shipped"})
+    assert isinstance(first, Committed) and first.committed
+    assert first.record.version == 2
+    assert dict(first.record.state) == {"status": "shipped"}
+
+    late = orders.commit(cancel, {"status": "cancelled"})
+    assert isinstance(late, Stale) and not late.committed
+    assert late.current.version == 2 and late.current.state["status"] == "shipped"
+
+    again = orders.commit(ship, {"status": "shipped"})
+    assert isinstance(again, Duplicate) and not again.committed
+    assert again.record.version == 2
+    assert orders.get("o-1").version == 2
+
+
+def test_duplicate_recognised_after_later_commits(store: Any) -> None:
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 0})
+    first = orders.intent("o-1", "inc")
+    assert orders.commit(first, {"n": 1}).committed
+    for n in range(2, 6):
+        assert orders.commit(orders.intent("o-1", "inc"), {"n": n}).committed
+    assert isinstance(orders.commit(first, {"n": 1}), Duplicate)
+    assert orders.get("o-1").state["n"] == 5
+
+
+def test_identical_state_still_counts_as_applied(store: Any) -> None:
+    orders = store.collection("orders")
+    rec = orders.create("o-1", {"status": "new"})
+    out = orders.commit(rec.intent("noop"), {"status": "new"})
+    assert isinstance(out, Committed) and out.record.version == 2
+
+
+def test_missing(store: Any) -> None:
+    orders = store.collection("orders")
+    rec = orders.create("o-1", {"n": 0})
+    orders.delete("o-1")
+    assert isinstance(orders.commit(rec.intent("x"), {"n": 1}), Missing)
+    with pytest.raises(fencing.RecordNotFound):
+        orders.intent("o-1", "x")
+
+
+def test_outcomes_match(store: Any) -> None:
+    orders = store.collection("orders")
+    rec = orders.create("o-1", {"n": 0})
+    match orders.commit(rec.intent("x"), {"n": 1}):
+        case Committed(record):
+            assert record.version == 2
+        case _:
+            pytest.fail("expected Committed")
+    match orders.commit(rec.intent("y"), {"n": 9}):
+        case Stale(current):
+            assert current.state["n"] == 1
+        case _:
+            pytest.fail("expected Stale")
+
+
+def test_guard_on_collection(store: Any) -> None:
+    orders = store.collection("orders")
+    rec = orders.create("o-1", {"status": "packed"})
+    ok = orders.commit(rec.intent("ship", guard={"status": "packed"}), {"status": "shipped"})
+    assert ok.committed
+    rec2 = orders.get("o-1")
+    refused = orders.commit(rec2.intent("ship", guard={"status": "packed"}), {"status": "x"})
+    assert isinstance(refused, Stale)
+    assert orders.get("o-1").state["status"] == "shipped"
+
+
+def test_apply_commits_decision(store: Any) -> None:
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 1})
+    seen: list[int] = []
+
+    def decide(rec: fencing.Record) -> dict[str, Any]:
+        seen.append(rec.version)
+        return {"n": rec.state["n"] * 10}
+
+    out = orders.apply(orders.intent("o-1", "x10"), decide)
+    assert isinstance(out, Committed) and out.record.state["n"] == 10
+    assert seen == [1]
+
+
+def test_apply_skip(store: Any) -> None:
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 1})
+    out = orders.apply(orders.intent("o-1", "x"), lambda rec: SKIP)
+    assert isinstance(out, Skipped)
+    assert orders.get("o-1").version == 1
+
+
+def test_apply_drop_does_not_decide_on_stale(store: Any) -> None:
+    orders = store.collection("orders")
+    rec = orders.create("o-1", {"n": 1})
+    old = rec.intent("x")
+    orders.commit(rec.intent("y"), {"n": 2})
+    calls: list[int] = []
+    out = orders.apply(old, lambda r: calls.append(1) or {"n": 3}, on_stale=Drop())
+    assert isinstance(out, Stale) and calls == []
+
+
+def test_apply_recompute_decides_against_current(store: Any) -> None:
+    orders = store.collection("orders")
+    rec = orders.create("o-1", {"n": 1})
+    old = rec.intent("double")
+    orders.commit(rec.intent("other"), {"n": 5})
+    out = orders.apply(old, lambda r: {"n": r.state["n"] * 2}, on_stale=Recompute(attempts=2))
+    assert isinstance(out, Committed) and out.record.state["n"] == 10
+    assert out.intent is not None and out.intent.root_id == old.id
+
+
+def test_apply_recompute_ends_contended_and_bounds_decides(store: Any) -> None:
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 0})
+    calls = 0
+
+    def decide(rec: fencing.Record) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        # someone else always gets in first
+        assert orders.commit(orders.intent("o-1", "rival"), {"n": rec.state["n"] + 1}).committed
+        return {"n": -1}
+
+    out = orders.apply(orders.intent("o-1", "x"), decide, on_stale=Recompute(attempts=3, backoff=0))
+    assert isinstance(out, Contended)
+    assert calls == 3 and out.attempts == 3
+    assert orders.get("o-1").state["n"] == 3
+
+
+def test_apply_reconcile_calls_handler_once(store: Any) -> None:
+    orders = store.collection("orders")
+    rec = orders.create("o-1", {"n": 1})
+    old = rec.intent("charge")
+    orders.commit(rec.intent("cancel"), {"n": 0})
+    calls: list[tuple[str, int]] = []
+    out = orders.apply(
+        old,
+        lambda r: {"n": 99},
+        on_stale=Reconcile(
+            lambda intent, current, effects: calls.append((intent.id, current.version))
+        ),
+    )
+    assert isinstance(out, Stale)
+    assert calls == [(old.id, 2)]
+
+
+def test_apply_redelivered_after_recompute_is_duplicate(store: Any) -> None:
+    orders = store.collection("orders")
+    rec = orders.create("o-1", {"n": 1})
+    old = rec.intent("inc")
+    orders.commit(rec.intent("other"), {"n": 5})
+    policy = Recompute(attempts=3, backoff=0)
+    first = orders.apply(old, lambda r: {"n": r.state["n"] + 1}, on_stale=policy)
+    assert first.committed
+    orders.commit(orders.intent("o-1", "later"), {"n": 100})
+    again = orders.apply(old, lambda r: {"n": r.state["n"] + 1}, on_stale=policy)
+    assert isinstance(again, Duplicate)
+    assert orders.get("o-1").state["n"] == 100
+
+
+def test_commit_many_in_order(store: Any) -> None:
+    orders = store.collection("orders")
+    a = orders.create("a", {"n": 0})
+    b = orders.create("b", {"n": 0})
+    stale_b = b.intent("old")
+    orders.commit(b.intent("new"), {"n": 1})
+    ia = a.intent("x")
+    outs = orders.commit_many([(ia, {"n": 1}), (stale_b, {"n": 9}), (ia.derive(2, 1), {"n": 2})])
+    assert [o.kind for o in outs] == ["committed", "stale", "committed"]
+    assert orders.get("a").state["n"] == 2
+    assert orders.commit_many([]) == []
+    with pytest.raises(fencing.InvalidIntent):
+        orders.commit_many([(ia, {"n": 1}), (ia, {"n": 1})])
+
+
+def test_threads_hammer_one_key(store: Any) -> None:
+    orders = store.collection("orders")
+    orders.create("hot", {"n": 0})
+    outcomes: list[fencing.Outcome] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(15):
+            out = orders.apply(
+                orders.intent("hot", "inc"),
+                lambda r: {"n": r.state["n"] + 1},
+                on_stale=Recompute(attempts=50, backoff=0.001, max_backoff=0.01),
+            )
+            with lock:
+                outcomes.append(out)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    committed = sum(1 for o in outcomes if o.committed)
+    final = orders.get("hot")
+    assert final.version == 1 + committed
+    assert final.state["n"] == committed
+    assert committed + sum(1 for o in outcomes if isinstance(o, Contended)) == len(outcomes)
+
+
+# -- guarded tables --------------------------------------------------------------------
+def test_table_commit(make_table: Any) -> None:
+    table = make_table(rows=[{"id": 42, "status": "packed", "total": 10, "note": "keep"}])
+    rec = table.get(42)
+    assert rec.kind == "table" and rec.version == 1
+    assert rec.state["status"] == "packed" and rec.state["note"] == "keep"
+    intent = table.intent(42, "ship")
+    out = table.commit(intent, {"status": "shipped"})
+    assert isinstance(out, Committed)
+    assert out.record.version == 2
+    assert out.record.state["status"] == "shipped"
+    assert out.record.state["note"] == "keep"  # only the given columns are written
+    assert isinstance(table.commit(intent, {"status": "shipped"}), Duplicate)
+    assert isinstance(table.commit(intent.derive(1, 7), {"status": "x"}), Stale)
+    assert isinstance(table.commit(table.intent(42, "t").derive(1, 9), {"total": 1}), Stale)
+    assert table.get(42).state["status"] == "shipped"
+
+
+def test_table_missing_row(make_table: Any) -> None:
+    table = make_table(rows=[{"id": 1, "status": "a"}])
+    with pytest.raises(fencing.RecordNotFound):
+        table.intent(2, "x")
+    assert table.get(2) is None
+
+
+def test_table_without_version_column_uses_guard(make_table: Any) -> None:
+    table = make_table(rows=[{"id": 7, "status": "packed"}], version=None)
+    with pytest.raises(fencing.InvalidIntent):
+        table.intent(7, "ship")
+    intent = table.intent(7, "ship", guard={"status": "packed"})
+    assert intent.expected_version is None
+    assert table.commit(intent, {"status": "shipped"}).committed
+    assert isinstance(table.commit(intent, {"status": "shipped"}), Duplicate)
+    late = table.intent(7, "ship", guard={"status": "packed"})
+    assert isinstance(table.commit(late, {"status": "shipped"}), Stale)
+
+
+def test_table_bad_columns_refused(make_table: Any) -> None:
+    table = make_table(rows=[{"id": 1, "status": "a"}])
+    intent = table.intent(1, "x")
+    with pytest.raises(fencing.SchemaError):
+        table.commit(intent, {"nope": 1})
+    with pytest.raises(fencing.InvalidState):
+        table.commit(intent, {"version": 5})
+    with pytest.raises(fencing.InvalidState):
+        table.commit(intent, {"status": {"nested": 1}})
+    with pytest.raises(fencing.InvalidState):
+        table.commit(intent, {})
+    assert table.get(1).version == 1
+
+
+def test_missing_table_is_schema_error(store: Any) -> None:
+    with pytest.raises(fencing.SchemaError):
+        store.table("no_such_table").get(1)
+
+
+def test_intent_for_other_target_refused(store: Any, make_table: Any) -> None:
+    table = make_table(rows=[{"id": 1, "status": "a"}])
+    orders = store.collection("orders")
+    rec = orders.create("o-1", {"n": 1})
+    with pytest.raises(fencing.InvalidIntent):
+        store.collection("other").commit(rec.intent("x"), {"n": 2})
+    with pytest.raises(fencing.InvalidIntent):
+        table.commit(rec.intent("x"), {"status": "b"})
+
+
+# -- leases and fenced commits -------------------------------------------------------
+def test_lease_tokens_increase(store: Any) -> None:
+    tokens = []
+    for _ in range(3):
+        with store.lease("orders/o-1", owner="w", ttl=5) as lease:
+            tokens.append(lease.token)
+    assert tokens == sorted(set(tokens)) and tokens[0] >= 1
+
+
+def test_lease_held(store: Any) -> None:
+    lease = store.acquire("jobs/x", owner="a", ttl=5)
+    with pytest.raises(fencing.LeaseHeld):
+        store.acquire("jobs/x", owner="b", ttl=5)
+    assert store.try_acquire("jobs/x", owner="b", ttl=5) is None
+    lease.release()
+    other = store.try_acquire("jobs/x", owner="b", ttl=5)
+    assert other is not None and other.token > lease.token
+    with pytest.raises(fencing.LeaseLost):
+        lease.renew()
+    other.release()
+
+
+def test_fenced_commit_newer_owner(store: Any) -> None:
+    import time
+
+    orders = store.collection("orders")
+    orders.create("o-1", {"by": None})
+    old = store.acquire("orders/o-1", owner="a", ttl=0.2)
+    intent_a = orders.intent("o-1", "a")
+    time.sleep(0.3)
+    new = store.acquire("orders/o-1", owner="b", ttl=5)
+    assert new.token > old.token
+    out = orders.commit(intent_a, {"by": "a"}, lease=old)
+    assert isinstance(out, Fenced) and out.reason is FenceReason.NEWER_OWNER
+    assert old.lost
+    ok = orders.commit(orders.intent("o-1", "b"), {"by": "b"}, lease=new)
+    assert ok.committed and ok.record.fence == new.token
+    new.release()
+
+
+def test_fenced_commit_expired(store: Any) -> None:
+    import time
+
+    orders = store.collection("orders")
+    orders.create("o-1", {"by": None})
+    lease = store.acquire("orders/o-1", owner="a", ttl=0.2)
+    intent = orders.intent("o-1", "a")
+    time.sleep(0.3)
+    out = orders.commit(intent, {"by": "a"}, lease=lease)
+    assert isinstance(out, Fenced) and out.reason is FenceReason.EXPIRED
+    assert orders.get("o-1").state["by"] is None
+
+
+def test_fenced_table_commit(make_table: Any, store: Any) -> None:
+    table = make_table(rows=[{"id": 1, "status": "a"}])
+    lease = store.acquire("t/1", owner="a", ttl=5)
+    out = table.commit(table.intent(1, "x"), {"status": "b"}, lease=lease)
+    assert out.committed and out.record.fence == lease.token
+    lease.release()
+    out = table.commit(table.intent(1, "y"), {"status": "c"}, lease=lease)
+    assert isinstance(out, Fenced) and out.reason is FenceReason.EXPIRED
+    assert table.get(1).state["status"] == "b"
