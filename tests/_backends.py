@@ -55,6 +55,8 @@ class Case:
     server: tuple[str, str, int] | None = None
     # create_table(store, table, key, version, columns, rows) sets up a user table
     create_table: Callable[..., None] | None = None
+    # cleanup(url) runs after each test that opened ``url`` (drop a schema, flush keys)
+    cleanup: Callable[[str], None] | None = None
     marks: list[Any] = field(default_factory=list)
 
     def url(self, tmp_path: Path) -> str:

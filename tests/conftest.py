@@ -46,8 +46,13 @@ def shared_backend_name(backend_name: str) -> str:
 
 
 @pytest.fixture
-def store_url(backend_name: str, tmp_path: Path) -> str:
-    return CASES[backend_name].url(tmp_path)
+def store_url(backend_name: str, tmp_path: Path) -> Iterator[str]:
+    """A URL of a fresh, empty store on the backend (isolated per test)."""
+    case = CASES[backend_name]
+    url = case.url(tmp_path)
+    yield url
+    if case.cleanup is not None:
+        case.cleanup(url)
 
 
 @pytest.fixture

@@ -1,0 +1,103 @@
+"""The ``fencing`` command line: demo, check, bench, migrate, inspect.
+
+Each subcommand lives in its own module and is imported only when run; the
+``cli`` extra brings rich for tables and progress bars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    import fencing
+
+    with fencing.open(args.url, migrate=False) as store:
+        store.migrate()
+    print(f"migrated {store.url}")
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    import fencing
+
+    with fencing.open(args.url, migrate=False) as store:
+        record = store.collection(args.collection).get(args.key)
+    if record is None:
+        print(f"no record {args.key!r} in collection {args.collection!r}", file=sys.stderr)
+        return 1
+    print(json.dumps(record.to_dict(), indent=2, sort_keys=True))
+    return 0
+
+
+def _lazy(module: str, attr: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        fn: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), attr)
+        return fn(args)
+
+    return run
+
+
+def _adder(module: str) -> Callable[[argparse.ArgumentParser], None]:
+    import importlib
+
+    add: Callable[[argparse.ArgumentParser], None] = getattr(
+        importlib.import_module(module), "add_arguments"
+    )
+    return add
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fencing",
+        description="Background tasks that cannot commit stale decisions.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    commands: list[tuple[str, str, str]] = [
+        ("demo", "fencing._demo", "race naive read-modify-write against fencing; judge both"),
+        ("check", "fencing.testing._cli", "judge a recorded history (JSONL) for anomalies"),
+        ("bench", "fencing._bench", "throughput and latency beside hand-written baselines"),
+    ]
+    for name, module, help_text in commands:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _adder(module)(p)
+        p.set_defaults(func=_lazy(module, "run"))
+
+    p = sub.add_parser("migrate", help="create or upgrade fencing's tables in a store")
+    p.add_argument("url", help="store URL, e.g. sqlite:///app.db")
+    p.set_defaults(func=_cmd_migrate)
+
+    p = sub.add_parser("inspect", help="print one record of a collection as JSON")
+    p.add_argument("url")
+    p.add_argument("collection")
+    p.add_argument("key")
+    p.set_defaults(func=_cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from ._errors import FencingError
+
+    func: Any = args.func
+    try:
+        return int(func(args))
+    except FencingError as exc:
+        print(f"fencing: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
