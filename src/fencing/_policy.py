@@ -166,16 +166,7 @@ def _recompute_intent(intent: Intent, current: Record, attempt: int) -> Intent:
     # A guard-only intent (a table with no version column) re-guards the same
     # fields at their current values: decide() has judged the current state.
     guard = {f: current.state.get(f) for f in intent.guard or ()}
-    return Intent(
-        id=f"{intent.root_id}~{attempt}",
-        collection=intent.collection,
-        key=intent.key,
-        expected_version=None,
-        transition=intent.transition,
-        guard=guard,
-        kind=intent.kind,
-        decided_at=intent.decided_at,
-    )
+    return intent.derive(None, attempt, guard=guard)
 
 
 def apply_flow(

@@ -70,18 +70,26 @@ def _reject(value: Any) -> Any:
     raise InvalidState(f"state value {value!r} of type {type(value).__name__} is not JSON")
 
 
+_ENCODER = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_reject
+)
+
+
 def dump_state(state: object, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> str:
     """Validate a state and return its canonical compact JSON text.
 
     A state is a JSON object with string keys whose values are JSON values
     (no NaN or infinity, no tuples or sets or bytes).
     """
-    if not isinstance(state, Mapping):
-        raise InvalidState(f"state must be a JSON object (a dict), not {type(state).__name__}")
+    if not isinstance(state, dict):
+        if not isinstance(state, Mapping):
+            raise InvalidState(f"state must be a JSON object (a dict), not {type(state).__name__}")
+        state = dict(state)
+    for key in state:
+        if not isinstance(key, str):
+            raise InvalidState(f"state keys must be strings, not {key!r}")
     try:
-        text = json.dumps(
-            state, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_reject
-        )
+        text = _ENCODER.encode(state)
     except InvalidState:
         raise
     except (TypeError, ValueError) as exc:

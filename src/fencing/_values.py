@@ -175,20 +175,28 @@ class Intent:
             decided_at=time.time(),
         )
 
-    def derive(self, expected_version: int | None, attempt: int) -> Intent:
-        """The intent a ``Recompute`` attempt commits: same work, a newer version.
+    def derive(
+        self,
+        expected_version: int | None,
+        attempt: int,
+        *,
+        guard: Mapping[str, Any] | None = None,
+    ) -> Intent:
+        """The intent a ``Recompute`` attempt commits: same work, decided anew.
 
-        The id is derived deterministically (``<id>~<attempt>``), so a redelivered
-        task that recomputes again is recognised as a ``Duplicate``.
+        ``decide`` has judged the current record, so the derived intent expects that
+        record's version (and, for a table without a version column, ``guard``: the
+        guarded fields' current values) instead of the original guard. The id is
+        derived deterministically (``<root id>~<attempt>``), so a redelivered task
+        that recomputes again is recognised as a ``Duplicate``.
         """
-        base = self.id.split("~", 1)[0]
         return Intent(
-            id=f"{base}~{attempt}",
+            id=f"{self.root_id}~{attempt}",
             collection=self.collection,
             key=self.key,
             expected_version=expected_version,
             transition=self.transition,
-            guard=self.guard,
+            guard=guard,
             kind=self.kind,
             decided_at=self.decided_at,
         )
