@@ -218,7 +218,8 @@ def test_commit_many_in_order(store: Any) -> None:
     stale_b = b.intent("old")
     orders.commit(b.intent("new"), {"n": 1})
     ia = a.intent("x")
-    outs = orders.commit_many([(ia, {"n": 1}), (stale_b, {"n": 9}), (ia.derive(2, 1), {"n": 2})])
+    ia2 = a.intent("y").derive(2, 1)  # a fresh root, committed at version 2
+    outs = orders.commit_many([(ia, {"n": 1}), (stale_b, {"n": 9}), (ia2, {"n": 2})])
     assert [o.kind for o in outs] == ["committed", "stale", "committed"]
     assert orders.get("a").state["n"] == 2
     assert orders.commit_many([]) == []
@@ -267,8 +268,9 @@ def test_table_commit(make_table: Any) -> None:
     assert out.record.state["status"] == "shipped"
     assert out.record.state["note"] == "keep"  # only the given columns are written
     assert isinstance(table.commit(intent, {"status": "shipped"}), Duplicate)
-    assert isinstance(table.commit(intent.derive(1, 7), {"status": "x"}), Stale)
-    assert isinstance(table.commit(table.intent(42, "t").derive(1, 9), {"total": 1}), Stale)
+    late = fencing.Intent.new("orders_t", 42, 1, "late", kind="table")  # decided at v1
+    assert isinstance(table.commit(late, {"status": "x"}), Stale)
+    assert isinstance(table.commit(intent.derive(2, 7), {"total": 1}), Duplicate)
     assert table.get(42).state["status"] == "shipped"
 
 
@@ -382,3 +384,26 @@ def test_fenced_table_commit(make_table: Any, store: Any) -> None:
     out = table.commit(table.intent(1, "y"), {"status": "c"}, lease=lease)
     assert isinstance(out, Fenced) and out.reason is FenceReason.EXPIRED
     assert table.get(1).state["status"] == "b"
+
+
+def test_recomputed_intent_redelivered_is_never_applied_twice(store: Any) -> None:
+    """A first delivery goes stale mid-way and commits a derivation; the redelivery must
+    not commit another derivation of the same root (found by the demo's checker)."""
+    accounts = store.collection("accounts")
+    rec = accounts.create("a", {"balance": 100})
+    credit = rec.intent("credit")
+    policy = Recompute(attempts=5, backoff=0)
+    rivals = iter([True])
+
+    def decide_with_rival(r: fencing.Record) -> dict[str, Any]:
+        if next(rivals, False):  # a rival write lands between the probe and the commit
+            assert accounts.commit(accounts.intent("a", "fee"), {"balance": 99}).committed
+        return {"balance": r.state["balance"] + 1}
+
+    first = accounts.apply(credit, decide_with_rival, on_stale=policy)
+    assert first.committed and first.record.state["balance"] == 100
+    again = accounts.apply(credit, lambda r: {"balance": r.state["balance"] + 1}, on_stale=policy)
+    assert isinstance(again, Duplicate)
+    assert accounts.get("a").state["balance"] == 100
+    # and the derivation itself, replayed directly, is a duplicate of its root
+    assert isinstance(accounts.commit(credit.derive(3, 1), {"balance": 0}), Duplicate)

@@ -49,9 +49,7 @@ def _lazy(module: str, attr: str) -> Callable[[argparse.Namespace], int]:
 def _adder(module: str) -> Callable[[argparse.ArgumentParser], None]:
     import importlib
 
-    add: Callable[[argparse.ArgumentParser], None] = getattr(
-        importlib.import_module(module), "add_arguments"
-    )
+    add: Callable[[argparse.ArgumentParser], None] = importlib.import_module(module).add_arguments
     return add
 
 

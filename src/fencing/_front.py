@@ -23,7 +23,7 @@ from ._errors import (
 )
 from ._policy import outcome_for
 from ._rules import LeaseRef, LeaseRow, check_ttl
-from ._validate import check_column, check_key, check_name, dump_state
+from ._validate import check_column, check_key, check_name, dump_state, is_unicode
 from ._values import Fenced, Intent, Outcome, Record
 from .backends._contract import CommitRequest, CommitResult, LeaseAnswer, Target
 
@@ -138,6 +138,8 @@ class TargetOps:
                     f"column {column!r} takes a string, number, boolean or None,"
                     f" not {type(value).__name__}"
                 )
+            if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                raise InvalidState(f"column {column!r} takes integers within 64 bits")
             if isinstance(value, float) and not math.isfinite(value):
                 raise InvalidState(f"column {column!r} must be finite")
 
@@ -158,9 +160,9 @@ class TargetOps:
         requests = [self._request(i, s, lease) for i, s in items]
         if len(requests) > MAX_BATCH:
             raise InvalidInput(f"a batch holds at most {MAX_BATCH} commits")
-        ids = {r.intent.id for r in requests}
+        ids = {r.claim_id for r in requests}
         if len(ids) != len(requests):
-            raise InvalidIntent("a batch cannot hold the same intent twice")
+            raise InvalidIntent("a batch cannot hold the same intent (or its derivations) twice")
         return requests
 
     @classmethod
@@ -176,7 +178,7 @@ class TargetOps:
 
 
 def check_owner(owner: object) -> str:
-    if not isinstance(owner, str) or not 0 < len(owner) <= MAX_OWNER_CHARS:
+    if not isinstance(owner, str) or not 0 < len(owner) <= MAX_OWNER_CHARS or not is_unicode(owner):
         raise InvalidLeaseRequest(f"lease owner must be a string of 1 to {MAX_OWNER_CHARS} chars")
     return owner
 

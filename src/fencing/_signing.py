@@ -86,11 +86,12 @@ class Signer:
         kid, body, mac_text = parts
         if kid not in self._keys:
             raise InvalidIntent(f"intent is signed with unknown key id {kid!r}")
+        # Compare the MAC as text: decoding first would accept other spellings of the
+        # same bytes (padding, stray characters, unused trailing bits).
+        if not hmac.compare_digest(mac_text, _b64(self._mac(kid, body))):
+            raise InvalidIntent("intent signature does not match: the message was tampered with")
         try:
-            mac = _unb64(mac_text)
             payload = _unb64(body)
         except (binascii.Error, ValueError):
             raise InvalidIntent("signed intent is not valid base64url") from None
-        if not hmac.compare_digest(mac, self._mac(kid, body)):
-            raise InvalidIntent("intent signature does not match: the message was tampered with")
         return Intent.from_json(payload)

@@ -58,12 +58,28 @@ def check_key(key: object) -> str | int:
         if -(2**63) <= key < 2**63:
             return key
         raise InvalidIdentifier(f"record key {key!r} is outside the 64-bit range")
-    if isinstance(key, str) and 0 < len(key) <= MAX_KEY_CHARS and "\x00" not in key:
+    if (
+        isinstance(key, str)
+        and 0 < len(key) <= MAX_KEY_CHARS
+        and "\x00" not in key
+        and is_unicode(key)
+    ):
         return key
     raise InvalidIdentifier(
         f"record key {key!r} must be a non-empty string of at most {MAX_KEY_CHARS}"
-        " characters without NUL, or an integer"
+        " characters without NUL or lone surrogates, or an integer"
     )
+
+
+def is_unicode(text: str) -> bool:
+    """False if ``text`` holds a lone surrogate, which no store can encode as UTF-8."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _reject(value: Any) -> Any:
@@ -94,9 +110,38 @@ def dump_state(state: object, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> str:
         raise
     except (TypeError, ValueError) as exc:
         raise InvalidState(f"state is not JSON: {exc}") from exc
-    if len(text) > max_bytes // 4 and len(text.encode()) > max_bytes:
-        raise InvalidState(f"state is {len(text.encode())} bytes of JSON, above {max_bytes}")
+    except RecursionError:
+        raise InvalidState("state is nested too deeply") from None
+    _check_nested_keys(state)
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode())
+        except UnicodeEncodeError as exc:
+            raise InvalidState(f"state holds a lone surrogate ({exc.reason})") from None
+    if size > max_bytes:
+        raise InvalidState(f"state is {size} bytes of JSON, above {max_bytes}")
     return text
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def _check_nested_keys(state: Mapping[str, Any]) -> None:
+    # json would turn a nested 1, None or True key into "1", "null", "true" silently.
+    # Runs after encoding succeeded, so the structure is known to be acyclic.
+    stack = [v for v in state.values() if isinstance(v, _CONTAINERS)]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise InvalidState(f"state keys must be strings, not {key!r}")
+                if isinstance(item, _CONTAINERS):
+                    stack.append(item)
+        else:
+            stack.extend(item for item in value if isinstance(item, _CONTAINERS))
 
 
 def check_guard(guard: object) -> dict[str, Any] | None:
@@ -114,5 +159,10 @@ def check_guard(guard: object) -> dict[str, Any] | None:
             )
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidState(f"guard value for {field!r} must be finite")
+        if type(value) is int and not -(2**63) <= value < 2**63:
+            # compared by the store itself (an SQL parameter, a Lua number): 64 bits at most
+            raise InvalidState(f"guard value for {field!r} is outside the 64-bit range")
+        if isinstance(value, str) and not is_unicode(value):
+            raise InvalidState(f"guard value for {field!r} holds a lone surrogate")
         out[field] = value
     return out

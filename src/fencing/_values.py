@@ -233,7 +233,7 @@ class Intent:
         missing = {"v", "id", "collection", "key", "expected_version", "transition"} - set(data)
         if missing:
             raise _fail(f"missing field(s) {sorted(missing)}")
-        if data["v"] != INTENT_FORMAT or isinstance(data["v"], bool):
+        if type(data["v"]) is not int or data["v"] != INTENT_FORMAT:
             raise _fail(f"format version {data['v']!r} is not supported (this is {INTENT_FORMAT})")
         return cls(
             id=data["id"],
@@ -257,6 +257,8 @@ class Intent:
             data = json.loads(payload, parse_constant=_no_constant)
         except (ValueError, UnicodeDecodeError) as exc:
             raise _fail(f"not valid JSON ({exc})") from exc
+        except RecursionError:
+            raise _fail("JSON nested too deeply") from None
         return cls.from_dict(data)
 
 

@@ -54,6 +54,16 @@ class CommitRequest:
     state_json: str  # the canonical JSON of ``state``, validated before any I/O
     lease: LeaseRef | None = None
 
+    @property
+    def claim_id(self) -> str:
+        """The id under which the store records the intent as applied: its root id.
+
+        A ``Recompute`` commits a derived intent (``<root>~<n>``) in place of the
+        original; every derivation of one root shares one claim, so the work of one
+        intent is applied at most once, however it is redelivered or recomputed.
+        """
+        return self.intent.root_id
+
 
 @dataclass(frozen=True, slots=True)
 class CommitResult:

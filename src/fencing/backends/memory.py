@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._errors import AlreadyExists, SchemaError
+from .._errors import AlreadyExists, ConfigurationError, SchemaError
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._values import Record
 from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
@@ -38,7 +38,9 @@ class MemoryBackend:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._lock = threading.Lock()
-        self._records: dict[tuple[str, str | int], Record] = {}
+        # (version, fence, state JSON): records are decoded afresh on every read, as a
+        # real store does, so no caller ever shares a mutable state with the store
+        self._records: dict[tuple[str, str | int], tuple[int, int, str]] = {}
         self._tables: dict[str, _Table] = {}
         self._applied: dict[tuple[str, str], float] = {}
         self._fences: dict[tuple[str, str | int], int] = {}
@@ -80,7 +82,10 @@ class MemoryBackend:
 
     def _read(self, target: Target, key: str | int) -> Record | None:
         if target.kind == "collection":
-            return self._records.get((target.name, key))
+            found = self._records.get((target.name, key))
+            if found is None:
+                return None
+            return Record(target.name, key, found[0], found[1], json.loads(found[2]))
         row = self._table(target).rows.get(key)
         if row is None:
             return None
@@ -102,7 +107,7 @@ class MemoryBackend:
     def _judge(self, request: CommitRequest, now: float) -> tuple[Status, Record | None]:
         target, intent, lease = request.target, request.intent, request.lease
         record = self._read(target, intent.key)
-        applied = (target.scope, intent.id) in self._applied
+        applied = (target.scope, request.claim_id) in self._applied
         row = self._leases.get(lease.name) if lease is not None else None
         return judge(record, applied, intent, lease, row, now), record
 
@@ -115,9 +120,8 @@ class MemoryBackend:
         with self._lock:
             if (target.name, key) in self._records:
                 raise AlreadyExists(f"{target.name}/{key} already exists")
-            record = Record(target.name, key, 1, 0, json.loads(state_json))
-            self._records[(target.name, key)] = record
-            return record
+            self._records[(target.name, key)] = (1, 0, state_json)
+            return Record(target.name, key, 1, 0, json.loads(state_json))
 
     def delete(self, target: Target, key: str | int) -> bool:
         with self._lock:
@@ -132,7 +136,7 @@ class MemoryBackend:
         state = json.loads(request.state_json)
         if target.kind == "collection":
             new = Record(target.name, intent.key, record.version + 1, fence, state)
-            self._records[(target.name, intent.key)] = new
+            self._records[(target.name, intent.key)] = (new.version, fence, request.state_json)
         else:
             row = self._table(target).rows[intent.key]
             row.update(state)
@@ -141,7 +145,7 @@ class MemoryBackend:
             if lease is not None:
                 self._fences[(target.scope, intent.key)] = fence
             new = self._read(target, intent.key) or record
-        self._applied[(target.scope, intent.id)] = now
+        self._applied[(target.scope, request.claim_id)] = now
         return CommitResult(Status.APPLIED, new)
 
     def commit(self, request: CommitRequest) -> CommitResult:
@@ -194,12 +198,22 @@ class MemoryBackend:
             return len(old)
 
 
+def _memory(url: Any, options: dict[str, Any]) -> MemoryBackend:
+    unknown = sorted(set(url.options) | (set(options) - {"clock"}))
+    if unknown:
+        raise ConfigurationError(f"unknown memory:// option(s) {unknown}")
+    clock = options.get("clock", time.monotonic)
+    if not callable(clock):
+        raise ConfigurationError("memory:// clock must be a callable returning seconds")
+    return MemoryBackend(clock)
+
+
 def open_backend(url: Any, **options: Any) -> MemoryBackend:
     """``memory://``: a fresh, empty store private to this call."""
-    return MemoryBackend(**options)
+    return _memory(url, options)
 
 
 async def open_async_backend(url: Any, **options: Any) -> Any:
     from ._contract import ThreadedAsyncBackend
 
-    return ThreadedAsyncBackend(MemoryBackend(**options), inline=True)
+    return ThreadedAsyncBackend(_memory(url, options), inline=True)

@@ -1,0 +1,327 @@
+"""What every store's bench shares: fencing's side of each contest, and the scenario.
+
+fencing's side goes through the public API only (``collection.commit``, ``table.commit``,
+``apply``, ``commit_many``, ``acquire``/``renew``/``release``), so it is the same code
+on every store. Each store module supplies its hand-written baselines (a
+:class:`HandWritten`) and how to make a user table for ``store.table``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Generic, Protocol, TypeVar
+
+import fencing
+
+from .._values import Intent, Kind, Outcome, Record
+from ._harness import BenchFailed, Block, Contest, Side, Skip
+
+__all__ = [
+    "KEYS",
+    "LEASE_TTL",
+    "START",
+    "Bench",
+    "Cursor",
+    "FencingOps",
+    "HandWritten",
+    "check_committed",
+    "decide_state",
+    "new_id",
+]
+
+#: Records per contest: commits cycle over them; a commit_many call writes each once.
+KEYS: Final = 100
+#: The state every benchmark record starts with.
+START: Final[Mapping[str, Any]] = {"status": "new", "n": 0}
+#: Seconds a benchmark lease is held for (each is released long before).
+LEASE_TTL: Final = 60.0
+FENCED_TTL: Final = 3600.0
+
+K = TypeVar("K", str, int)
+Builder = Callable[[], Contest | Skip]
+
+
+class Cursor(Generic[K]):
+    """Hands out ``(key, expected version)`` pairs round-robin over a side's records.
+
+    Every measured commit must apply, so each pair taken is the version the record
+    will be at when its turn comes.
+    """
+
+    def __init__(self, keys: Sequence[K], first_version: int = 1) -> None:
+        self.keys: list[K] = list(keys)
+        self.versions = [first_version] * len(self.keys)
+        self.next = 0
+
+    def take(self, n: int) -> list[tuple[K, int]]:
+        out: list[tuple[K, int]] = []
+        size = len(self.keys)
+        for _ in range(n):
+            k = self.next
+            out.append((self.keys[k], self.versions[k]))
+            self.versions[k] += 1
+            self.next = (k + 1) % size
+        return out
+
+
+def new_id() -> str:
+    """A fresh intent id, as ``Intent.new`` makes them."""
+    return uuid.uuid4().hex
+
+
+def check_committed(outcome: Outcome) -> None:
+    if not outcome.committed:
+        raise BenchFailed(f"a measured commit did not apply: {outcome!r}")
+
+
+def decide_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``apply`` decides, on both sides: ship, and count."""
+    return {"status": "shipped", "n": state["n"] + 1}
+
+
+def collection_state(i: int) -> dict[str, Any]:
+    return {"status": "shipped", "n": i}
+
+
+def table_state(i: int) -> dict[str, Any]:
+    return {"status": "shipped", "total": i}
+
+
+class FencingOps:
+    """fencing's side of every contest, through the public API only."""
+
+    def __init__(self, store: fencing.Store, suffix: str) -> None:
+        self.store = store
+        self.suffix = suffix
+        self.collection = f"bench-{suffix}"
+        self.coll = store.collection(self.collection)
+        self.created: list[str] = []
+
+    def records(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self.coll.create(key, START)
+            self.created.append(key)
+
+    def cleanup(self) -> None:
+        for key in self.created:
+            self.coll.delete(key)
+        self.created.clear()
+
+    def _intents(
+        self, cursor: Cursor[Any], n: int, name: str, kind: Kind
+    ) -> list[tuple[Intent, dict[str, Any]]]:
+        state = collection_state if kind == "collection" else table_state
+        return [
+            (Intent(new_id(), name, key, version, "ship", kind=kind), state(i))
+            for i, (key, version) in enumerate(cursor.take(n))
+        ]
+
+    def commit(self, keys: Sequence[str]) -> Side:
+        cursor, commit = Cursor(keys), self.coll.commit
+
+        def prepare(n: int) -> Block:
+            items = self._intents(cursor, n, self.collection, "collection")
+
+            def op(i: int) -> None:
+                intent, state = items[i]
+                check_committed(commit(intent, state))
+
+            return Block([op])
+
+        return Side("fencing", "collection.commit(intent, state)", prepare)
+
+    def table_commit(self, table: fencing.Table, keys: Sequence[int]) -> Side:
+        cursor, commit = Cursor(keys), table.commit
+
+        def prepare(n: int) -> Block:
+            items = self._intents(cursor, n, table.name, "table")
+
+            def op(i: int) -> None:
+                intent, state = items[i]
+                check_committed(commit(intent, state))
+
+            return Block([op])
+
+        return Side("fencing", "table.commit(intent, {status, total})", prepare)
+
+    def apply(self, keys: Sequence[str]) -> Side:
+        cursor, apply = Cursor(keys), self.coll.apply
+
+        def decide(record: Record) -> dict[str, Any]:
+            return decide_state(record.state)
+
+        def prepare(n: int) -> Block:
+            items = self._intents(cursor, n, self.collection, "collection")
+
+            def op(i: int) -> None:
+                check_committed(apply(items[i][0], decide))
+
+            return Block([op])
+
+        return Side("fencing", "collection.apply(intent, decide)", prepare)
+
+    def commit_many(self, keys: Sequence[str]) -> Side:
+        cursor, commit_many, batch = Cursor(keys), self.coll.commit_many, len(keys)
+
+        def prepare(n: int) -> Block:
+            batches = [
+                self._intents(cursor, batch, self.collection, "collection") for _ in range(n)
+            ]
+
+            def op(i: int) -> None:
+                for outcome in commit_many(batches[i]):
+                    check_committed(outcome)
+
+            return Block([op])
+
+        return Side("fencing", f"collection.commit_many({batch} items)", prepare)
+
+    def fenced(self, keys: Sequence[str], lease_name: str) -> Side:
+        cursor, commit, store = Cursor(keys), self.coll.commit, self.store
+
+        def prepare(n: int) -> Block:
+            items = self._intents(cursor, n, self.collection, "collection")
+            lease = store.acquire(lease_name, owner="bench", ttl=FENCED_TTL)
+
+            def op(i: int) -> None:
+                intent, state = items[i]
+                check_committed(commit(intent, state, lease=lease))
+
+            return Block([op], close=lease.release)
+
+        return Side("fencing", "collection.commit(intent, state, lease=lease)", prepare)
+
+    def lease_cycle(self, lease_name: str) -> Side:
+        store = self.store
+
+        def prepare(n: int) -> Block:
+            held: list[fencing.Lease] = []
+
+            def acquire(i: int) -> None:
+                held.append(store.acquire(lease_name, owner="bench", ttl=LEASE_TTL))
+
+            def renew(i: int) -> None:
+                held[0].renew()
+
+            def release(i: int) -> None:
+                held.pop().release()
+
+            return Block([acquire, renew, release])
+
+        return Side("fencing", "store.acquire(); lease.renew(); lease.release()", prepare)
+
+
+class HandWritten(Protocol):
+    """A store's hand-written baselines: for each operation, one side or more."""
+
+    def create_records(self, collection: str, keys: Sequence[str]) -> None: ...
+    def commit(self, collection: str, keys: Sequence[str]) -> list[Side]: ...
+    def table_commit(self, keys: Sequence[int]) -> list[Side]: ...
+    def apply(self, collection: str, keys: Sequence[str]) -> list[Side]: ...
+    def commit_many(self, collection: str, keys: Sequence[str]) -> list[Side]: ...
+    def fenced(self, collection: str, keys: Sequence[str], lease_name: str) -> list[Side]: ...
+    def lease_cycle(self, lease_name: str) -> list[Side]: ...
+    def close(self) -> None: ...
+
+
+class Bench:
+    """One store and setting: fencing beside a store's hand-written baselines.
+
+    Subclasses set ``store_name`` and ``setting``, open ``store`` and ``hand``, and
+    implement :meth:`fencing_table` (a user table with ``KEYS`` rows for
+    ``store.table``) and :meth:`drop` (remove what the bench created).
+    """
+
+    store_name: str = ""
+    setting: str = ""
+    table_target: float | None = None
+    cleanup_records: bool = True
+
+    def __init__(self, store: fencing.Store, hand: HandWritten, suffix: str) -> None:
+        self.store = store
+        self.hand = hand
+        self.suffix = suffix
+        self.ours = FencingOps(store, suffix)
+
+    # -- hooks ---------------------------------------------------------------------------
+    def fencing_table(self) -> fencing.Table | Skip:
+        return Skip("table.commit", "this store has no guarded tables")
+
+    def drop(self) -> None:
+        """Remove what the bench created on fencing's side (the baseline cleans itself)."""
+
+    # -- contests ------------------------------------------------------------------------
+    def contests(self) -> list[tuple[str, Builder]]:
+        return [
+            ("commit", self.commit),
+            ("table", self.table_commit),
+            ("apply", self.apply),
+            ("many", self.commit_many),
+            ("fenced", self.fenced),
+            ("lease", self.lease_cycle),
+        ]
+
+    def _records(self, prefix: str) -> list[str]:
+        keys = [f"{prefix}-{k:03d}" for k in range(KEYS)]
+        self.ours.records(keys)
+        self.hand.create_records(self.ours.collection, keys)
+        return keys
+
+    def commit(self) -> Contest:
+        keys = self._records("c")
+        coll = self.ours.collection
+        sides = (self.ours.commit(keys), *self.hand.commit(coll, keys))
+        return Contest(("collection.commit",), sides)
+
+    def table_commit(self) -> Contest | Skip:
+        table = self.fencing_table()
+        if isinstance(table, Skip):
+            return table
+        keys = list(range(1, KEYS + 1))
+        sides = (self.ours.table_commit(table, keys), *self.hand.table_commit(keys))
+        return Contest(("table.commit",), sides, target=self.table_target)
+
+    def apply(self) -> Contest:
+        keys = self._records("a")
+        sides = (self.ours.apply(keys), *self.hand.apply(self.ours.collection, keys))
+        return Contest(("apply",), sides)
+
+    def commit_many(self) -> Contest:
+        keys = self._records("m")
+        sides = (self.ours.commit_many(keys), *self.hand.commit_many(self.ours.collection, keys))
+        return Contest((f"commit_many ({len(keys)}/call)",), sides, per_call=len(keys))
+
+    def fenced(self) -> Contest:
+        keys = self._records("f")
+        lease = f"bench-fenced-{self.suffix}"
+        sides = (
+            self.ours.fenced(keys, lease),
+            *self.hand.fenced(self.ours.collection, keys, lease),
+        )
+        return Contest(("commit under lease",), sides)
+
+    def lease_cycle(self) -> Contest:
+        lease = f"bench-lease-{self.suffix}"
+        sides = (self.ours.lease_cycle(lease), *self.hand.lease_cycle(lease))
+        return Contest(("lease acquire", "lease renew", "lease release"), sides)
+
+    def close(self) -> None:
+        """Delete fencing's records, close the store, drop the rest, close the baseline."""
+        try:
+            try:
+                if self.cleanup_records:
+                    self.ours.cleanup()
+            finally:
+                self.store.close()
+        finally:
+            try:
+                self.drop()
+            finally:
+                self.hand.close()
+
+
+def one_check(ok: bool, what: str) -> None:
+    """Raise ``BenchFailed`` unless a hand-written step did what it must."""
+    if not ok:
+        raise BenchFailed(f"hand-written {what} did not apply")

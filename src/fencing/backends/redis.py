@@ -1,0 +1,1176 @@
+"""The Redis backend: ``redis://`` and ``rediss://`` URLs, standalone or Cluster, sync and asyncio.
+
+Every primitive that reads or writes more than one value is one Lua script (reviewed
+text in ``redis_lua/``), loaded once with SCRIPT LOAD and called by its SHA (EVALSHA; on
+NOSCRIPT, loaded again and re-sent); reading a collection record (HMGET), deleting it
+(DEL) and reading a table's declared columns (SMEMBERS) are single commands.
+The commit script judges and writes in one atomic step, in the order of
+``fencing._rules.judge()``: missing, duplicate, fenced, stale; then it writes the state,
+version + 1, fence = max(fence, token), and records the intent's claim (its root id:
+every ``Recompute`` derivation ``<root>~<n>`` shares it). A commit is one
+round trip; ``commit_many`` is one pipeline for the whole batch. The store's clock is
+the Redis server's (``TIME`` inside the scripts; Redis 7 replicates scripts by their
+effects, so reading the clock is safe). Requires Redis 7.0 or newer.
+
+URL: ``redis://[user:password@]host[:port][/db][?option=value...]`` (``rediss://`` for
+TLS). Options (in the URL or as keyword arguments of ``fencing.open``):
+
+- ``prefix`` (default ``fencing``): the first part of every key fencing owns.
+- ``table_prefix`` (default empty): prepended to guarded table row keys (see below).
+- ``wait_replicas=N``, ``wait_timeout_ms`` (default 1000): after every write, ``WAIT``
+  for N replicas (see Durability).
+- ``cluster=true``: connect to a Redis Cluster.
+- ``socket_timeout`` (default 10 s), ``connect_timeout`` (default 5 s), ``client_name``.
+- ``allow_eviction=true``: accept a ``maxmemory-policy`` that evicts any key (see below).
+
+Other keyword arguments go to ``redis.Redis`` / ``RedisCluster`` as they are (for
+example ``ssl_ca_certs``). fencing never re-sends a command that may have run (redis-py's
+retries are turned off; only a script the server reports it does not know is loaded and
+sent again): a dropped connection or a timeout raises ``TransientStoreError``, the
+outcome is unknown; retry with the same intent and expect ``Duplicate`` if the first
+attempt landed. A dead idle connection is replaced by redis-py before use.
+
+Keys (``P`` is the prefix; ``C`` a collection, ``K`` a key, ``T`` a table, ``R`` a
+table row's key ``<table_prefix>T:K``)::
+
+    P:schema                 the schema version
+    P:c:C:{C/K}:rec          a record: a hash of v (version), f (fence), s (state JSON)
+    P:c:C:{C/K}:applied      the record's applied intents (root ids): a sorted set scored
+                             by applied time (server clock, microseconds); prune() trims
+                             it; it outlives a delete, as the other backends' rows do
+    P:lease:{name}           a lease: a hash of token, owner, exp (expiry, microseconds
+                             of the server's clock)
+    P:table:T                a guarded table's declared columns (a set)
+    P:t:T:{R}:applied        a table row's applied intents
+    P:t:T:{R}:fence          a table row's fence (the highest token that wrote it)
+    R                        a guarded table row: a hash the user owns
+
+The collection name appears outside the braces so that collection ``a`` key ``b/c`` and
+collection ``a/b`` key ``c`` never share a key. Lease hashes have no TTL and are never
+deleted: a release removes the owner and keeps the token, expiry is judged against the
+server clock inside the scripts, so tokens only grow per name, across release, expiry,
+reconnects and restarts (given persistence, below). One hash per lease name ever used
+stays in the store.
+
+Redis Cluster: the text between braces is the hash tag, so a record, its applied ids and
+its fence share one hash slot, and a lease shares it when it is named after the record:
+``<collection>/<key>`` (``orders/o-1``) for a collection record, ``<table_prefix><table>:<key>``
+(``orders:42``) for a table row. A fenced commit whose lease lives in another slot cannot
+be atomic in a Cluster and is refused with ``InvalidInput`` before anything is sent.
+``commit_many`` sends one pipeline that redis-py splits per node. ``wait_replicas`` is not
+available with ``cluster=true``.
+
+Guarded tables: a row is the hash ``<table_prefix><table>:<key>`` (an integer key is
+written in decimal, so the keys ``42`` and ``"42"`` name the same row). Redis has no
+schema, so a table is *declared*: ``backend.declare_table(name, key=..., version=...,
+columns=[...])`` (``store.backend`` of an open store) writes the set ``P:table:<table>``;
+a table that was never declared is a ``SchemaError``, and a commit may only set declared
+columns. A hash holds text: a commit writes ``str`` as is, ``int`` in decimal, ``float``
+as ``repr()``, ``True``/``False`` as ``true``/``false``, and ``None`` removes the field;
+a row reads back as text, and a table guard compares that text (``None``: the field is
+absent). The version field, when the table has one, must hold a decimal integer. The key
+field is not stored in the hash (the key is in its name); if present it is not state.
+
+Collection guards compare JSON values as the other backends do (``true`` is not ``1``;
+``1`` equals ``1.0``); Lua numbers are doubles, so a collection guard may not hold an
+integer beyond 2**53 (refused with ``InvalidState``).
+
+``commit_many`` is one round trip but not one transaction: each commit in the batch is
+atomic on its own and the outcomes come back in order; if the connection drops during a
+batch, some commits may have landed: retry the batch with the same intents (those that
+landed report ``Duplicate``).
+
+Durability (read this before trusting tokens to Redis)
+------------------------------------------------------
+Redis acknowledges a write once the primary holds it in memory. What survives depends
+on the server's configuration, not on fencing:
+
+- Replication is asynchronous. If the primary fails and a replica that had not yet
+  received a write is promoted (Sentinel, Cluster, or by hand), the write is gone: a
+  commit that returned ``Committed`` can be lost, and a lease token counter can go back,
+  so a new holder may be handed a token an old holder already used. Fencing is only as
+  strong as the store's memory of tokens.
+- ``wait_replicas=N`` sends ``WAIT N wait_timeout_ms`` after every write in the same
+  round trip; when fewer than N replicas acknowledged in time, the call raises
+  ``TransientStoreError``: the write is on the primary but may not survive a failover, so
+  treat the outcome as unknown and retry with the same intent. ``WAIT`` narrows the window
+  but does not make Redis strongly consistent; with N equal to the number of replicas and
+  a failover that promotes the most up-to-date replica, an acknowledged write survives
+  the loss of the primary.
+- Restarts: with no persistence a restarted Redis is empty and tokens start again at 1.
+  For the guarantee use ``appendonly yes`` with ``appendfsync always`` (every write is on
+  disk before it is acknowledged). ``appendfsync everysec`` can lose about the last second
+  of writes on a crash of the machine (not of the Redis process alone); RDB snapshots
+  alone lose everything since the last snapshot. Never let a primary without persistence
+  restart automatically while it has replicas: they would copy its empty dataset.
+- Eviction: a ``maxmemory-policy`` of ``allkeys-*`` can evict records, applied ids and
+  lease counters. ``migrate()`` refuses such a server (``ConfigurationError``) unless
+  ``allow_eviction=true``; use ``noeviction`` (fencing's keys have no TTL, so the
+  ``volatile-*`` policies never evict them). Scripts that write are refused when Redis is
+  out of memory, before they write anything.
+
+The Redis that fencing's own test suite runs against has no persistence at all
+(``appendonly no``, no RDB snapshots): the tests prove atomicity and the fencing rules,
+not durability across a restart.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.resources
+import json
+import re
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+from urllib.parse import unquote
+
+from .._errors import (
+    AlreadyExists,
+    ConfigurationError,
+    FencingError,
+    InvalidInput,
+    InvalidState,
+    SchemaError,
+    StoreError,
+    TransientStoreError,
+)
+from .._policy import adrive, drive
+from .._rules import LeaseRow, Status, judge
+from .._validate import check_column
+from .._values import Record
+from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
+
+if TYPE_CHECKING:
+    import redis as redis_sync
+    import redis.asyncio as redis_async
+    import redis.asyncio.cluster as redis_async_cluster
+    import redis.cluster as redis_sync_cluster
+
+    from .._open import StoreURL
+
+    SyncClient = redis_sync.Redis | redis_sync_cluster.RedisCluster
+    AsyncClient = redis_async.Redis | redis_async_cluster.RedisCluster
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AsyncRedisBackend",
+    "Call",
+    "Layout",
+    "RedisBackend",
+    "Settings",
+    "check_slots",
+    "commit_result",
+    "field_text",
+    "judge_call",
+    "judge_reply",
+    "key_slot",
+    "open_async_backend",
+    "open_backend",
+]
+
+T = TypeVar("T")
+
+SCHEMA_VERSION: Final = 1
+#: The error code the scripts use for a table row fencing cannot read.
+SCHEMA_ERROR: Final = "FENCING_SCHEMA"
+#: Integers a Lua number (a double) holds exactly.
+MAX_EXACT_INT: Final = 2**53
+_SCAN_COUNT: Final = 1000
+_PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
+_TABLE_PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{0,128}")
+_INTEGER = re.compile(r"0|-?[1-9][0-9]*")
+
+
+# -- the scripts ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Script:
+    name: str
+    text: str
+    sha: str
+
+
+def _load_scripts() -> dict[str, Script]:
+    """Each script is its ``#!lua`` line, then ``prelude.lua``, then its body."""
+    root = importlib.resources.files("fencing.backends").joinpath("redis_lua")
+    prelude = root.joinpath("prelude.lua").read_text("utf-8")
+    scripts = {}
+    for name in (
+        "commit",
+        "probe",
+        "read",
+        "create",
+        "acquire",
+        "renew",
+        "release",
+        "lease_state",
+        "prune",
+        "declare",
+    ):
+        shebang, body = root.joinpath(f"{name}.lua").read_text("utf-8").split("\n", 1)
+        assert shebang.startswith("#!lua"), name
+        text = f"{shebang}\n{prelude}\n{body}"
+        scripts[name] = Script(name, text, hashlib.sha1(text.encode()).hexdigest())
+    return scripts
+
+
+SCRIPTS: Final = _load_scripts()
+
+
+# -- settings and keys ----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where fencing's keys live; pure string building (see the module docstring)."""
+
+    prefix: str = "fencing"
+    table_prefix: str = ""
+    cluster: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefix, str) or _PREFIX.fullmatch(self.prefix) is None:
+            raise ConfigurationError(
+                f"redis prefix {self.prefix!r}: use 1 to 64 letters, digits and '_ . : -'"
+            )
+        if not isinstance(self.table_prefix, str) or not _TABLE_PREFIX.fullmatch(self.table_prefix):
+            raise ConfigurationError(
+                f"redis table_prefix {self.table_prefix!r}: use up to 128 letters, digits"
+                " and '_ . : -'"
+            )
+
+    def tag(self, target: Target, key: str | int) -> str:
+        """The hash tag of a record: also the name of a lease that shares its slot."""
+        if target.kind == "collection":
+            return f"{target.name}/{key}"
+        return f"{self.table_prefix}{target.name}:{key}"
+
+    def record_keys(self, target: Target, key: str | int) -> tuple[str, str, str]:
+        """A record's own key, its applied set and its fence key (all in one hash slot).
+
+        A collection keeps its fence in the record (field ``f``): its fence key is the
+        record's. A table row is the user's hash ``<table_prefix><table>:<key>``.
+        """
+        tag = self.tag(target, key)
+        if target.kind == "collection":
+            base = f"{self.prefix}:c:{target.name}:{{{tag}}}"
+            return f"{base}:rec", f"{base}:applied", f"{base}:rec"
+        base = f"{self.prefix}:t:{target.name}:{{{tag}}}"
+        return self.row(target.name, key), f"{base}:applied", f"{base}:fence"
+
+    def record(self, target: Target, key: str | int) -> str:
+        return self.record_keys(target, key)[0]
+
+    def applied(self, target: Target, key: str | int) -> str:
+        return self.record_keys(target, key)[1]
+
+    def fence(self, target: Target, key: str | int) -> str:
+        return self.record_keys(target, key)[2]
+
+    def row(self, table: str, key: str | int) -> str:
+        """The hash holding a guarded table's row (owned by the user)."""
+        return f"{self.table_prefix}{table}:{key}"
+
+    def lease(self, name: str) -> str:
+        return f"{self.prefix}:lease:{{{name}}}"
+
+    def table(self, name: str) -> str:
+        return f"{self.prefix}:table:{name}"
+
+    @property
+    def schema(self) -> str:
+        return f"{self.prefix}:schema"
+
+    @property
+    def applied_pattern(self) -> str:
+        return f"{self.prefix}:*:applied"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """A Redis store's connection and behaviour, parsed from its URL and options."""
+
+    layout: Layout
+    host: str = "localhost"
+    port: int = 6379
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ssl: bool = False
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1000
+    socket_timeout: float = 10.0
+    connect_timeout: float = 5.0
+    client_name: str | None = None
+    allow_eviction: bool = False
+
+    @property
+    def wait(self) -> Command | None:
+        if self.wait_replicas <= 0:
+            return None
+        return ("WAIT", self.wait_replicas, self.wait_timeout_ms)
+
+
+_OPTIONS: Final = frozenset(
+    {
+        "prefix",
+        "table_prefix",
+        "wait_replicas",
+        "wait_timeout_ms",
+        "cluster",
+        "socket_timeout",
+        "connect_timeout",
+        "client_name",
+        "allow_eviction",
+    }
+)
+
+
+def _bool(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"redis option {name}={value!r} must be true or false")
+
+
+def _number(name: str, value: object, low: float, high: float, *, integer: bool) -> float:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = int(str(value)) if integer else float(str(value))
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise ConfigurationError(f"redis option {name}={value!r} must be {kind}") from None
+    if not low <= number <= high:
+        raise ConfigurationError(f"redis option {name}={value!r} must be from {low} to {high}")
+    return number
+
+
+def parse_settings(url: StoreURL, options: dict[str, Any]) -> Settings:
+    """Settings from a URL and ``fencing.open`` keyword options.
+
+    Our own options are removed from ``options``; what is left goes to redis-py.
+    """
+    unknown = set(url.options) - _OPTIONS
+    if unknown:
+        raise ConfigurationError(
+            f"unknown redis URL option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}"
+        )
+    raw: dict[str, object] = dict(url.options)
+    raw.update({name: options.pop(name) for name in list(options) if name in _OPTIONS})
+    cluster = _bool("cluster", raw.get("cluster", False))
+    layout = Layout(str(raw.get("prefix", "fencing")), str(raw.get("table_prefix", "")), cluster)
+    path = url.path.strip("/")
+    if path and not path.isdigit():
+        raise ConfigurationError(f"redis URL path {url.path!r} must be a database number")
+    db = int(path or 0)
+    if cluster and db != 0:
+        raise ConfigurationError("Redis Cluster has only database 0")
+    wait = int(_number("wait_replicas", raw.get("wait_replicas", 0), 0, 100, integer=True))
+    if cluster and wait:
+        raise ConfigurationError("wait_replicas is not available with cluster=true")
+    name = raw.get("client_name")
+    return Settings(
+        layout=layout,
+        host=url.host or "localhost",
+        port=url.port or 6379,
+        db=db,
+        username=unquote(url.username) if url.username else None,
+        password=unquote(url.password) if url.password else None,
+        ssl=url.scheme == "rediss",
+        wait_replicas=wait,
+        wait_timeout_ms=int(
+            _number("wait_timeout_ms", raw.get("wait_timeout_ms", 1000), 1, 3_600_000, integer=True)
+        ),
+        socket_timeout=_number(
+            "socket_timeout", raw.get("socket_timeout", 10.0), 0.001, 3600, integer=False
+        ),
+        connect_timeout=_number(
+            "connect_timeout", raw.get("connect_timeout", 5.0), 0.001, 3600, integer=False
+        ),
+        client_name=None if name is None else str(name),
+        allow_eviction=_bool("allow_eviction", raw.get("allow_eviction", False)),
+    )
+
+
+# -- commands and calls ---------------------------------------------------------------
+Command = tuple[str | int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One script invocation: EVALSHA sha numkeys keys... args..."""
+
+    script: Script
+    keys: tuple[str, ...]
+    args: tuple[str, ...]
+
+    def command(self) -> Command:
+        return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+
+
+def key_slot(key: str) -> int:
+    """The Redis Cluster hash slot of ``key`` (CRC16 of its hash tag, mod 16384)."""
+    from redis.crc import key_slot as crc_slot
+
+    return int(crc_slot(key.encode()))
+
+
+def check_slots(call: Call, hint: str = "") -> Call:
+    """Refuse a call whose keys span hash slots (Cluster could not run it atomically)."""
+    slots = {key_slot(k) for k in call.keys}
+    if len(slots) > 1:
+        raise InvalidInput(
+            f"in Redis Cluster the keys of one {call.script.name} must share a hash slot,"
+            f" and {list(call.keys)} do not{hint}"
+        )
+    return call
+
+
+def _call(layout: Layout, name: str, keys: Sequence[str], args: Sequence[str]) -> Call:
+    call = Call(SCRIPTS[name], tuple(keys), tuple(args))
+    return check_slots(call) if layout.cluster else call
+
+
+def field_text(value: object) -> str:
+    """The text a table row's hash field holds for a column value (see the docstring)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    raise InvalidState(f"a Redis table field cannot hold {type(value).__name__}")
+
+
+def _guard_text(request: CommitRequest) -> str:
+    guard = request.intent.guard
+    if guard is None:
+        return ""
+    if request.target.kind == "table":
+        text = {f: None if v is None else field_text(v) for f, v in guard.items()}
+        return json.dumps(text, separators=(",", ":"))
+    for name, value in guard.items():
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_EXACT_INT:
+            raise InvalidState(
+                f"guard value for {name!r} is beyond 2**53: the Redis backend compares"
+                " JSON numbers as doubles and cannot compare it exactly"
+            )
+    return json.dumps(dict(guard), separators=(",", ":"))
+
+
+def judge_call(layout: Layout, request: CommitRequest, name: str) -> Call:
+    """The ``commit`` or ``probe`` script call for a request (refused before sending in a
+    Cluster when its keys span slots)."""
+    target, intent, lease = request.target, request.intent, request.lease
+    key = intent.key
+    keys: tuple[str, ...] = layout.record_keys(target, key)
+    if lease is not None:
+        keys += (layout.lease(lease.name),)
+    expected = intent.expected_version
+    args = [
+        "c" if target.kind == "collection" else "t",
+        request.claim_id,  # the root id: every derivation of one intent shares one claim
+        "" if expected is None else str(expected),
+        "" if lease is None else str(lease.token),
+        _guard_text(request),
+        target.version_column or "",
+        target.key_column,
+    ]
+    if name == "commit":
+        if target.kind == "collection":
+            args.append(request.state_json)
+        else:
+            for column, value in request.state.items():
+                args += [column, "-" if value is None else "=" + field_text(value)]
+    call = Call(SCRIPTS[name], keys, tuple(args))
+    if layout.cluster:
+        hint = ""
+        if lease is not None:
+            hint = (
+                f": a fenced commit needs its lease in the record's slot; name the lease"
+                f" {layout.tag(target, key)!r} (it is {lease.name!r})"
+            )
+        check_slots(call, hint)
+    return call
+
+
+# -- reading replies ------------------------------------------------------------------
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError as exc:
+            raise StoreError(f"redis: a value is not UTF-8 text ({exc})") from exc
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    raise StoreError(f"redis: unexpected reply {value!r}")
+
+
+def _int(value: object) -> int:
+    if isinstance(value, int):
+        return value
+    if isinstance(value, bytes | str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise StoreError(f"redis: expected an integer, got {value!r}")
+
+
+def _list(value: object, length: int | None = None) -> list[object]:
+    if not isinstance(value, list | tuple) or (length is not None and len(value) != length):
+        raise StoreError(f"redis: unexpected reply {value!r}")
+    return list(value)
+
+
+def _fields(row: object) -> dict[str, str]:
+    flat = [_text(v) for v in _list(row)]
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _table_record(
+    target: Target, key: str | int, version: object, fence: object, row: object
+) -> Record:
+    fields = _fields(row)
+    vcol = target.version_column
+    if version is None and vcol is not None:
+        # read path: the client checks the version field as the scripts do
+        text = fields.get(vcol)
+        if text is None or _INTEGER.fullmatch(text) is None:
+            raise SchemaError(f"table row {target.name}:{key} has no integer {vcol} field")
+        version = text
+    fields.pop(target.key_column, None)
+    if vcol is not None:
+        fields.pop(vcol, None)
+    return Record(
+        target.name, key, 0 if vcol is None else _int(version), _int(fence), fields, "table"
+    )
+
+
+def _record(request: CommitRequest, items: list[object], status: Status) -> Record:
+    target, key = request.target, request.intent.key
+    if target.kind == "table":
+        return _table_record(target, key, items[1], items[2], items[3])
+    if status is Status.APPLIED:
+        state: Mapping[str, Any] = request.state
+    else:
+        state = json.loads(_text(items[3]))
+    return Record(target.name, key, _int(items[1]), _int(items[2]), state)
+
+
+_STATUS: Final = {s.value.encode(): s for s in Status}
+
+
+def _status(value: object) -> Status:
+    status = _STATUS.get(value) if isinstance(value, bytes) else None
+    if status is None:
+        raise StoreError(f"redis: unexpected status {value!r}")
+    return status
+
+
+def commit_result(request: CommitRequest, reply: object) -> CommitResult:
+    """A commit or probe reply as the contract's answer (the status comes from Lua).
+
+    Replies: ``[status, version, fence, state JSON or row, applied, lease token, lease
+    owner, lease expiry, now]``, or ``[b"applied", version, fence, row]`` after a write.
+    """
+    if not isinstance(reply, list) or len(reply) not in (4, 9):
+        raise StoreError(f"redis: unexpected reply {reply!r}")
+    status = _status(reply[0])
+    if status is Status.MISSING:
+        return CommitResult(status, None)
+    return CommitResult(status, _record(request, reply, status))
+
+
+def judge_reply(request: CommitRequest, reply: object) -> Status:
+    """What ``fencing._rules.judge()`` says about the facts a probe reply carries.
+
+    The scripts decide the status themselves; tests hold them to this.
+    """
+    items = _list(reply, 9)
+    status = _status(items[0])
+    record = None if status is Status.MISSING else _record(request, items, status)
+    lease = request.lease
+    row = None
+    if lease is not None and items[5] is not None:
+        owner = None if items[6] is None else _text(items[6])
+        row = LeaseRow(lease.name, owner, _int(items[5]), _int(items[7]) / 1e6)
+    applied = items[4] is not None and _int(items[4]) == 1
+    return judge(record, applied, request.intent, lease, row, _int(items[8]) / 1e6)
+
+
+def lease_answer(name: str, reply: object) -> LeaseAnswer:
+    granted, token, owner, expires, now = _list(reply, 5)
+    row = None
+    if token is not None:
+        row = LeaseRow(
+            name,
+            None if owner is None else _text(owner),
+            _int(token),
+            0.0 if expires is None else _int(expires) / 1e6,
+        )
+    return LeaseAnswer(_int(granted) == 1, row, _int(now) / 1e6)
+
+
+def _ttl_us(ttl: float) -> str:
+    return str(max(1, round(ttl * 1_000_000)))
+
+
+# -- flows: the logic, once; the backends below only carry out their steps ------------
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send these commands in one round trip; replies come back in order, error
+    replies as exception values."""
+
+    commands: tuple[Command, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """SCRIPT LOAD every script (on every primary of a Cluster)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """One SCAN step over applied sets: ``state`` is (node index, cursor)."""
+
+    state: tuple[int, int]
+    match: str
+
+
+Step = Send | Load | Scan
+Flow = Generator[Step, Any, T]
+
+
+def _raise_error(reply: object) -> None:
+    if isinstance(reply, BaseException):
+        raise translate(reply) from reply
+
+
+@functools.cache
+def _driver() -> _Driver:
+    from redis import exceptions as rx
+
+    return _Driver(rx.NoScriptError, rx.ResponseError, (rx.RedisError, rx.RedisClusterException))
+
+
+@dataclass(frozen=True, slots=True)
+class _Driver:
+    """The redis-py exception classes the flows and backends use (imported once, lazily)."""
+
+    no_script: type[BaseException]
+    response: type[BaseException]
+    errors: tuple[type[BaseException], ...]
+
+
+def _eval(settings: Settings, calls: Sequence[Call], *, write: bool) -> Flow[list[object]]:
+    """Run script calls in one round trip (plus WAIT after writes, if configured)."""
+    commands = [c.command() for c in calls]
+    wait = settings.wait if write else None
+    if wait is None and len(commands) == 1:
+        replies: list[object] = yield Send((commands[0],))
+        if not isinstance(replies[0], BaseException):
+            return replies  # the common case: one script call, answered
+        tail: tuple[Command, ...] = ()
+    else:
+        tail = (wait,) if wait is not None else ()
+        replies = yield Send((*commands, *tail))
+    no_script = _driver().no_script
+    replies = list(replies)
+    waits = replies[len(commands) :]
+    replies = replies[: len(commands)]
+    redo = [i for i, r in enumerate(replies) if isinstance(r, no_script)]
+    if redo:
+        # The server lost its script cache (a restart, SCRIPT FLUSH): nothing of those
+        # calls ran, so load the scripts and send them again.
+        yield Load()
+        again = list((yield Send((*(commands[i] for i in redo), *tail))))
+        for i, reply in zip(redo, again, strict=False):
+            replies[i] = reply
+        waits += again[len(redo) :]
+    for reply in replies:
+        _raise_error(reply)
+    for acked in waits:
+        _raise_error(acked)
+        if _int(acked) < settings.wait_replicas:
+            raise TransientStoreError(
+                f"redis: only {_int(acked)} of {settings.wait_replicas} replicas acknowledged"
+                f" the write within {settings.wait_timeout_ms} ms; it is on the primary but"
+                " may not survive a failover: the outcome is unknown, retry with the same"
+                " intent"
+            )
+    return replies
+
+
+def _one(settings: Settings, call: Call, *, write: bool) -> Flow[object]:
+    return (yield from _eval(settings, [call], write=write))[0]
+
+
+def _send(commands: Sequence[Command]) -> Flow[list[object]]:
+    replies = list((yield Send(tuple(commands))))
+    for reply in replies:
+        _raise_error(reply)
+    return replies
+
+
+def migrate_flow(settings: Settings) -> Flow[None]:
+    layout = settings.layout
+    if not layout.cluster:  # INFO answers per node in a Cluster: checked on servers only
+        server, memory = yield from _send([("INFO", "server"), ("INFO", "memory")])
+        if isinstance(server, dict):
+            release = str(server.get("redis_version", "0"))
+            major = release.split(".")[0]
+            if major.isdigit() and int(major) < 7:
+                raise ConfigurationError(
+                    f"fencing's Redis backend needs Redis 7.0 or newer (this is {release})"
+                )
+        if isinstance(memory, dict):
+            policy = str(memory.get("maxmemory_policy", "noeviction"))
+            if policy.startswith("allkeys") and not settings.allow_eviction:
+                raise ConfigurationError(
+                    f"this Redis evicts any key when full (maxmemory-policy {policy}): it"
+                    " could forget records, applied intents and lease tokens. Use noeviction"
+                    " (or a volatile-* policy), or pass allow_eviction=true to accept the risk"
+                )
+    _, found = yield from _send(
+        [("SET", layout.schema, str(SCHEMA_VERSION), "NX"), ("GET", layout.schema)]
+    )
+    version = _int(found)
+    if version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"this store's schema is version {version}, newer than this fencing"
+            f" ({SCHEMA_VERSION}); upgrade fencing"
+        )
+    yield Load()
+
+
+def columns_flow(layout: Layout, target: Target) -> Flow[frozenset[str]]:
+    (members,) = yield from _send([("SMEMBERS", layout.table(target.name))])
+    if not isinstance(members, set | list | tuple) or not members:
+        raise SchemaError(
+            f"table {target.name!r} is not declared in this Redis store"
+            f" ({layout.table(target.name)!r} is empty); declare it with"
+            " store.backend.declare_table(name, key=..., version=..., columns=[...])"
+        )
+    return frozenset(_text(m) for m in members)
+
+
+def declare_flow(
+    settings: Settings,
+    name: str,
+    key: str,
+    version: str | None,
+    columns: Iterable[str],
+) -> Flow[None]:
+    check_column(name, "table")
+    names = [check_column(key, "key column")]
+    if version is not None:
+        names.append(check_column(version, "version column"))
+    names += [check_column(c) for c in columns]
+    layout = settings.layout
+    yield from _one(settings, _call(layout, "declare", [layout.table(name)], names), write=True)
+
+
+def read_flow(settings: Settings, target: Target, key: str | int) -> Flow[Record | None]:
+    layout = settings.layout
+    if target.kind == "collection":
+        (found,) = yield from _send([("HMGET", layout.record(target, key), "v", "f", "s")])
+        version, fence, state = _list(found, 3)
+        if version is None:
+            return None
+        return Record(target.name, key, _int(version), _int(fence), json.loads(_text(state)))
+    keys = [layout.record(target, key), layout.fence(target, key)]
+    reply = yield from _one(settings, _call(layout, "read", keys, []), write=False)
+    if reply is None:
+        return None
+    fence, row = _list(reply, 2)
+    return _table_record(target, key, None, fence, row)
+
+
+def commit_many_flow(
+    settings: Settings, requests: Sequence[CommitRequest]
+) -> Flow[list[CommitResult]]:
+    calls = [judge_call(settings.layout, r, "commit") for r in requests]
+    replies = yield from _eval(settings, calls, write=True)
+    return [commit_result(r, reply) for r, reply in zip(requests, replies, strict=True)]
+
+
+def create_flow(
+    settings: Settings, target: Target, key: str | int, state_json: str
+) -> Flow[Record]:
+    layout = settings.layout
+    call = _call(layout, "create", [layout.record(target, key)], [state_json])
+    if _int((yield from _one(settings, call, write=True))) == 0:
+        raise AlreadyExists(f"{target.name}/{key} already exists")
+    return Record(target.name, key, 1, 0, json.loads(state_json))
+
+
+def delete_flow(settings: Settings, target: Target, key: str | int) -> Flow[bool]:
+    commands: list[Command] = [("DEL", settings.layout.record(target, key))]
+    wait = settings.wait
+    if wait is not None:
+        commands.append(wait)
+    replies = yield from _send(commands)
+    if wait is not None and _int(replies[1]) < settings.wait_replicas:
+        raise TransientStoreError(
+            f"redis: the delete was not acknowledged by {settings.wait_replicas} replicas"
+        )
+    return _int(replies[0]) > 0
+
+
+def lease_flow(
+    settings: Settings, script: str, name: str, *args: str, write: bool = True
+) -> Flow[LeaseAnswer]:
+    layout = settings.layout
+    call = _call(layout, script, [layout.lease(name)], args)
+    return lease_answer(name, (yield from _one(settings, call, write=write)))
+
+
+def prune_flow(settings: Settings, older_than: float) -> Flow[int]:
+    layout = settings.layout
+    age = str(max(0, round(older_than * 1_000_000)))
+    removed = 0
+    state: tuple[int, int] | None = (0, 0)
+    while state is not None:
+        state, keys = yield Scan(state, layout.applied_pattern)
+        if keys:
+            calls = [Call(SCRIPTS["prune"], (_text(k),), (age,)) for k in keys]
+            removed += sum(_int(r) for r in (yield from _eval(settings, calls, write=False)))
+    return removed
+
+
+# -- errors ---------------------------------------------------------------------------
+def translate(exc: BaseException) -> FencingError:
+    """A driver error as fencing's error (raise it ``from exc``)."""
+    from redis import exceptions as rx
+
+    text = f"redis: {exc}"
+    if isinstance(exc, rx.AuthenticationError | rx.AuthorizationError):
+        return StoreError(text)
+    if isinstance(
+        exc,
+        rx.ConnectionError
+        | rx.TimeoutError
+        | rx.TryAgainError
+        | rx.ClusterError
+        | rx.ReadOnlyError,
+    ):
+        return TransientStoreError(
+            f"{text} (the outcome is unknown: retry with the same intent; a commit that"
+            " landed reports Duplicate)"
+        )
+    if isinstance(exc, rx.ResponseError) and str(exc).startswith(SCHEMA_ERROR):
+        return SchemaError(f"redis: {str(exc)[len(SCHEMA_ERROR) :].strip()}")
+    if "shebang" in str(exc).lower():
+        return ConfigurationError(f"{text} (fencing needs Redis 7.0 or newer)")
+    return StoreError(text)
+
+
+def _next_scan(
+    state: tuple[int, int], nodes: int, cursor: object, keys: object
+) -> tuple[tuple[int, int] | None, list[object]]:
+    if isinstance(cursor, dict):  # a Cluster answers per node
+        cursor = next(iter(cursor.values()), 0)
+    node, nxt = state[0], _int(cursor)
+    if nxt == 0:
+        node, nxt = node + 1, 0
+    return (None if node >= nodes else (node, nxt)), _list(keys)
+
+
+def _client_options(settings: Settings, extra: dict[str, Any]) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "username": settings.username,
+        "password": settings.password,
+        "socket_timeout": settings.socket_timeout,
+        "socket_connect_timeout": settings.connect_timeout,
+        "client_name": settings.client_name,
+        "decode_responses": False,
+    }
+    if settings.ssl:
+        options["ssl"] = True
+    options.update(extra)
+    return options
+
+
+# -- the two backends: they carry out the steps of the flows above, and send the one ---
+# -- script call of commit and probe straight (the flow takes over when it must) -------
+class RedisBackend:
+    """The synchronous Redis backend (``fencing.open("redis://...")``)."""
+
+    scheme = "redis"
+
+    def __init__(self, settings: Settings, client: SyncClient) -> None:
+        self.settings = settings
+        self.layout = settings.layout
+        self.client = client
+        self._response_error = _driver().response
+        self._no_script = _driver().no_script
+        self._errors = _driver().errors
+        self._direct = settings.wait is None
+
+    def _drive(self, flow: Flow[T]) -> T:
+        try:
+            return drive(flow, self._step)
+        except self._errors as exc:
+            raise translate(exc) from exc
+
+    def _script(self, call: Call, *, write: bool) -> object:
+        """One script call, sent straight (the hot path of commit and probe); the flow
+        takes over when it needs more (WAIT, or a script the server does not know)."""
+        if self._direct or not write:
+            client: Any = self.client  # see _step
+            try:
+                return client.execute_command(*call.command())
+            except self._no_script:
+                pass  # it did not run: the flow loads the scripts and sends it again
+            except self._errors as exc:
+                raise translate(exc) from exc
+        return self._drive(_one(self.settings, call, write=write))
+
+    def _step(self, step: Step) -> object:
+        # redis-py types its commands as "a value or an awaitable" for both clients;
+        # the replies are checked where they are read.
+        client: Any = self.client
+        if isinstance(step, Send):
+            if len(step.commands) == 1:
+                try:
+                    return [client.execute_command(*step.commands[0])]
+                except self._response_error as exc:
+                    return [exc]
+            with client.pipeline(transaction=False) as pipe:
+                for command in step.commands:
+                    pipe.execute_command(*command)
+                return pipe.execute(raise_on_error=False)
+        if isinstance(step, Load):
+            for script in SCRIPTS.values():
+                client.script_load(script.text)
+            return None
+        nodes: list[Any] = client.get_primaries() if self.layout.cluster else [None]
+        target = {} if nodes[step.state[0]] is None else {"target_nodes": nodes[step.state[0]]}
+        cursor, keys = client.scan(
+            step.state[1], match=step.match, count=_SCAN_COUNT, _type="zset", **target
+        )
+        return _next_scan(step.state, len(nodes), cursor, keys)
+
+    def migrate(self) -> None:
+        self._drive(migrate_flow(self.settings))
+
+    def close(self) -> None:
+        self.client.close()
+
+    def declare_table(
+        self, name: str, *, key: str = "id", version: str | None = "version", columns: Iterable[str]
+    ) -> None:
+        """Declare a guarded table and its columns (Redis has no schema to read them from)."""
+        self._drive(declare_flow(self.settings, name, key, version, columns))
+
+    def columns(self, target: Target) -> frozenset[str]:
+        return self._drive(columns_flow(self.layout, target))
+
+    def read(self, target: Target, key: str | int) -> Record | None:
+        return self._drive(read_flow(self.settings, target, key))
+
+    def probe(self, request: CommitRequest) -> CommitResult:
+        call = judge_call(self.layout, request, "probe")
+        return commit_result(request, self._script(call, write=False))
+
+    def create(self, target: Target, key: str | int, state_json: str) -> Record:
+        return self._drive(create_flow(self.settings, target, key, state_json))
+
+    def delete(self, target: Target, key: str | int) -> bool:
+        return self._drive(delete_flow(self.settings, target, key))
+
+    def commit(self, request: CommitRequest) -> CommitResult:
+        call = judge_call(self.layout, request, "commit")
+        return commit_result(request, self._script(call, write=True))
+
+    def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitResult]:
+        return self._drive(commit_many_flow(self.settings, requests))
+
+    def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer:
+        return self._drive(lease_flow(self.settings, "acquire", name, owner, _ttl_us(ttl)))
+
+    def renew(self, name: str, token: int, ttl: float) -> LeaseAnswer:
+        return self._drive(lease_flow(self.settings, "renew", name, str(token), _ttl_us(ttl)))
+
+    def release(self, name: str, token: int) -> LeaseAnswer:
+        return self._drive(lease_flow(self.settings, "release", name, str(token)))
+
+    def lease_state(self, name: str) -> LeaseAnswer:
+        return self._drive(lease_flow(self.settings, "lease_state", name, write=False))
+
+    def prune(self, older_than: float) -> int:
+        return self._drive(prune_flow(self.settings, older_than))
+
+
+class AsyncRedisBackend:
+    """The asyncio Redis backend (``fencing.open_async("redis://...")``)."""
+
+    scheme = "redis"
+
+    def __init__(self, settings: Settings, client: AsyncClient) -> None:
+        self.settings = settings
+        self.layout = settings.layout
+        self.client = client
+        self._response_error = _driver().response
+        self._no_script = _driver().no_script
+        self._errors = _driver().errors
+        self._direct = settings.wait is None
+
+    async def _drive(self, flow: Flow[T]) -> T:
+        try:
+            return await adrive(flow, self._step)
+        except self._errors as exc:
+            raise translate(exc) from exc
+
+    async def _script(self, call: Call, *, write: bool) -> object:
+        """See ``RedisBackend._script``."""
+        if self._direct or not write:
+            try:
+                return await self.client.execute_command(*call.command())
+            except self._no_script:
+                pass  # it did not run: the flow loads the scripts and sends it again
+            except self._errors as exc:
+                raise translate(exc) from exc
+        return await self._drive(_one(self.settings, call, write=write))
+
+    async def _step(self, step: Step) -> object:
+        client: Any = self.client  # see RedisBackend._step
+        if isinstance(step, Send):
+            if len(step.commands) == 1:
+                try:
+                    return [await client.execute_command(*step.commands[0])]
+                except self._response_error as exc:
+                    return [exc]
+            async with client.pipeline(transaction=False) as pipe:
+                for command in step.commands:
+                    pipe.execute_command(*command)
+                return await pipe.execute(raise_on_error=False)
+        if isinstance(step, Load):
+            for script in SCRIPTS.values():
+                await client.script_load(script.text)
+            return None
+        nodes: list[Any] = client.get_primaries() if self.layout.cluster else [None]
+        target = {} if nodes[step.state[0]] is None else {"target_nodes": nodes[step.state[0]]}
+        cursor, keys = await client.scan(
+            step.state[1], match=step.match, count=_SCAN_COUNT, _type="zset", **target
+        )
+        return _next_scan(step.state, len(nodes), cursor, keys)
+
+    async def migrate(self) -> None:
+        await self._drive(migrate_flow(self.settings))
+
+    async def close(self) -> None:
+        await self.client.aclose()  # redis-py >= 5.0.1
+
+    async def declare_table(
+        self, name: str, *, key: str = "id", version: str | None = "version", columns: Iterable[str]
+    ) -> None:
+        """Declare a guarded table and its columns (Redis has no schema to read them from)."""
+        await self._drive(declare_flow(self.settings, name, key, version, columns))
+
+    async def columns(self, target: Target) -> frozenset[str]:
+        return await self._drive(columns_flow(self.layout, target))
+
+    async def read(self, target: Target, key: str | int) -> Record | None:
+        return await self._drive(read_flow(self.settings, target, key))
+
+    async def probe(self, request: CommitRequest) -> CommitResult:
+        call = judge_call(self.layout, request, "probe")
+        return commit_result(request, await self._script(call, write=False))
+
+    async def create(self, target: Target, key: str | int, state_json: str) -> Record:
+        return await self._drive(create_flow(self.settings, target, key, state_json))
+
+    async def delete(self, target: Target, key: str | int) -> bool:
+        return await self._drive(delete_flow(self.settings, target, key))
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        call = judge_call(self.layout, request, "commit")
+        return commit_result(request, await self._script(call, write=True))
+
+    async def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitResult]:
+        return await self._drive(commit_many_flow(self.settings, requests))
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer:
+        return await self._drive(lease_flow(self.settings, "acquire", name, owner, _ttl_us(ttl)))
+
+    async def renew(self, name: str, token: int, ttl: float) -> LeaseAnswer:
+        return await self._drive(lease_flow(self.settings, "renew", name, str(token), _ttl_us(ttl)))
+
+    async def release(self, name: str, token: int) -> LeaseAnswer:
+        return await self._drive(lease_flow(self.settings, "release", name, str(token)))
+
+    async def lease_state(self, name: str) -> LeaseAnswer:
+        return await self._drive(lease_flow(self.settings, "lease_state", name, write=False))
+
+    async def prune(self, older_than: float) -> int:
+        return await self._drive(prune_flow(self.settings, older_than))
+
+
+# -- opening --------------------------------------------------------------------------
+def _no_retry() -> dict[str, Any]:
+    """fencing never re-sends a command by itself: a lost reply is TransientStoreError."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return {"retry": Retry(NoBackoff(), 0)}
+
+
+def _checked(make: Callable[[], T]) -> T:
+    try:
+        return make()
+    except TypeError as exc:
+        raise ConfigurationError(f"redis: bad client option ({exc})") from exc
+
+
+def open_backend(url: StoreURL, **options: Any) -> RedisBackend:
+    """``redis://host:port/db?prefix=...`` (see the module docstring for the options)."""
+    import redis
+    import redis.cluster
+
+    settings = parse_settings(url, options)
+    kwargs = _client_options(settings, options)
+    client: SyncClient
+    if settings.layout.cluster:
+        client = _checked(
+            lambda: redis.cluster.RedisCluster(host=settings.host, port=settings.port, **kwargs)
+        )
+    else:
+        client = _checked(
+            lambda: redis.Redis(
+                host=settings.host, port=settings.port, db=settings.db, **_no_retry(), **kwargs
+            )
+        )
+    return RedisBackend(settings, client)
+
+
+async def open_async_backend(url: StoreURL, **options: Any) -> AsyncRedisBackend:
+    """The asyncio twin of :func:`open_backend`, over ``redis.asyncio``."""
+    import redis.asyncio
+    import redis.asyncio.cluster
+
+    settings = parse_settings(url, options)
+    kwargs = _client_options(settings, options)
+    client: AsyncClient
+    if settings.layout.cluster:
+        client = _checked(
+            lambda: redis.asyncio.cluster.RedisCluster(
+                host=settings.host, port=settings.port, **kwargs
+            )
+        )
+    else:
+        client = _checked(
+            lambda: redis.asyncio.Redis(
+                host=settings.host, port=settings.port, db=settings.db, **_no_retry(), **kwargs
+            )
+        )
+    return AsyncRedisBackend(settings, client)

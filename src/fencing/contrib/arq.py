@@ -1,0 +1,168 @@
+"""arq: ``@fenced_function(target=...)`` turns ``decide`` into an arq job function.
+
+::
+
+    from fencing.contrib.arq import enqueue_intent, fenced_function
+
+    async def orders():
+        return (await fencing.open_async(URL)).collection("orders")
+
+    @fenced_function(target=orders)
+    async def ship(record):
+        return {**record.state, "status": "shipped"}
+
+    class WorkerSettings:
+        functions = [ship]                 # an arq Function, registered by its name
+
+    await enqueue_intent(redis, ship, await collection.get("o-1"), "ship")
+
+The job runs ``FencedTask.arun`` against an async store. A ``TransientStoreError``
+or ``LeaseHeld`` raises ``arq.worker.Retry(defer=...)``: arq runs the same job
+(same payload) again, bounded by ``max_tries = max_retries + 1``. Stale, fenced
+and contended outcomes are successful jobs whose result records them. An
+unsigned, tampered or malformed message, or an exception of ``decide``, fails the
+job; arq does not retry a job that raised.
+
+arq keeps a job in its queue until it finishes; a worker killed mid-job leaves an
+"in progress" key that expires after the job's timeout plus 10 s, after which
+any worker runs the job again (``job_try`` + 1): a redelivery that reports
+``Duplicate`` if the commit had landed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._errors import ConfigurationError, MissingDependency
+from .._values import Intent, Record
+from ._common import (
+    Action,
+    Backoff,
+    Decision,
+    FencedTask,
+    LeaseSpec,
+    OutcomeHook,
+    TargetSource,
+    TaskReport,
+    current_intent,
+)
+
+try:
+    from arq.connections import ArqRedis
+    from arq.jobs import Job
+    from arq.worker import Function, Retry
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the extra
+    raise MissingDependency(
+        f"fencing.contrib.arq needs {exc.name}: pip install 'fencing[arq]'"
+    ) from exc
+
+if TYPE_CHECKING:
+    from .._policy import StalePolicy
+    from .._signing import Signer
+
+__all__ = [
+    "Backoff",
+    "FencedFunction",
+    "LeaseSpec",
+    "TaskReport",
+    "current_intent",
+    "enqueue_intent",
+    "fenced_function",
+]
+
+
+@dataclass
+class FencedFunction(Function):
+    """An arq ``Function`` (put it in ``WorkerSettings.functions``) with its spec."""
+
+    fencing: FencedTask | None = None
+
+
+def fenced_function(
+    *,
+    target: TargetSource,
+    name: str | None = None,
+    on_stale: StalePolicy | None = None,
+    lease: LeaseSpec | None = None,
+    signer: Signer | None = None,
+    max_retries: int = 5,
+    backoff: Backoff | None = None,
+    retry_on: tuple[type[Exception], ...] = (),
+    on_outcome: OutcomeHook | None = None,
+    timeout: float | None = None,
+    keep_result: float | None = None,
+) -> Callable[[Decision], FencedFunction]:
+    """Decorate ``decide(record)`` (sync or async) into a fenced arq job function.
+
+    ``target`` is an ``AsyncCollection`` or ``AsyncTable``, or a function returning
+    one (or an awaitable of one), resolved once per worker event loop. ``timeout``
+    and ``keep_result`` are arq's per-function settings (seconds; None: the
+    worker's defaults).
+    """
+
+    def decorate(decide: Decision) -> FencedFunction:
+        qualname = getattr(decide, "__qualname__", decide.__name__)
+        spec = FencedTask(
+            name=name or qualname,
+            target=target,
+            decide=decide,
+            on_stale=on_stale,
+            lease=lease,
+            signer=signer,
+            max_retries=max_retries,
+            backoff=backoff,
+            retry_on=retry_on,
+            on_outcome=on_outcome,
+        )
+
+        async def job(ctx: dict[str, Any], payload: str) -> dict[str, Any]:
+            try_ = ctx.get("job_try", 1)
+            attempt = try_ if isinstance(try_, int) and try_ > 0 else 1
+            report = await spec.arun(payload, attempt=attempt)
+            if report.action is Action.RETRY:
+                raise Retry(defer=spec.retry_delay(attempt))
+            if report.action in (Action.REFUSE, Action.FAIL):
+                assert report.error is not None
+                raise report.error
+            return report.to_dict()
+
+        job.__name__ = decide.__name__
+        job.__qualname__ = qualname
+        job.__module__ = decide.__module__
+        job.__doc__ = decide.__doc__
+        return FencedFunction(
+            name=spec.name,
+            coroutine=job,
+            timeout_s=timeout,
+            keep_result_s=keep_result,
+            keep_result_forever=None,
+            max_tries=spec.max_retries + 1,
+            fencing=spec,
+        )
+
+    return decorate
+
+
+async def enqueue_intent(
+    redis: ArqRedis,
+    function: FencedFunction,
+    what: Record | Intent,
+    transition: str | None = None,
+    *,
+    guard: Any = None,
+    **enqueue_options: Any,
+) -> Job | None:
+    """Enqueue ``function`` with the intent of ``what`` (or ``what`` itself).
+
+    ``enqueue_options`` go to ``ArqRedis.enqueue_job`` (``_queue_name``,
+    ``_defer_by``, ``_job_id``, ...). Passing ``_job_id=intent.id`` makes arq refuse a
+    second enqueue of the same intent (it returns None) while the job or its
+    result is kept; fencing refuses a second commit of it either way.
+    """
+    spec = function.fencing if isinstance(function, FencedFunction) else None
+    if spec is None:
+        raise ConfigurationError("enqueue_intent needs a function made by @fenced_function")
+    payload = spec.encode(what, transition, guard=guard)
+    return await redis.enqueue_job(function.name, payload, **enqueue_options)

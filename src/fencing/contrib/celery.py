@@ -1,0 +1,174 @@
+"""Celery: ``@fenced_task(app, target=...)`` turns ``decide`` into a real Celery task.
+
+::
+
+    from celery import Celery
+    from fencing.contrib.celery import fenced_task
+
+    app = Celery("shop", broker="redis://localhost:6379/1")
+
+    @fenced_task(app, target=lambda: open_store().collection("orders"))
+    def ship(record):
+        return {**record.state, "status": "shipped"}
+
+    ship.enqueue(orders.get("o-1"), "ship")    # the intent JSON is the message's one argument
+
+The task body is ``FencedTask.run``: a stale, fenced or contended outcome is a
+*successful* task whose result records it (never in ``autoretry_for``, never
+retried); a ``TransientStoreError`` (or ``LeaseHeld``) is retried with
+``self.retry(countdown=...)``, bounded by ``max_retries``, with the same payload;
+an unsigned, tampered or malformed message is refused with
+``Reject(requeue=False)``; an exception of ``decide`` fails the task.
+
+Defaults: ``acks_late=True`` and ``reject_on_worker_lost=True``, so a worker killed
+after the commit and before the ack has its message redelivered, and the
+redelivery reports ``Duplicate``. Pass them as options to change them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
+
+from .._errors import MissingDependency
+from .._values import Intent, Record
+from ._common import (
+    Action,
+    Backoff,
+    Decision,
+    FencedTask,
+    LeaseSpec,
+    OutcomeHook,
+    TargetSource,
+    TaskReport,
+    current_intent,
+)
+
+try:
+    from celery import Celery, Task
+    from celery.exceptions import Reject
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the extra
+    raise MissingDependency(
+        f"fencing.contrib.celery needs {exc.name}: pip install 'fencing[celery]'"
+    ) from exc
+
+if TYPE_CHECKING:
+    from .._policy import StalePolicy
+    from .._signing import Signer
+
+__all__ = [
+    "Backoff",
+    "FencedCeleryTask",
+    "LeaseSpec",
+    "TaskReport",
+    "current_intent",
+    "fenced_task",
+]
+
+
+class FencedCeleryTask(Task):  # type: ignore[misc]  # celery ships no type hints
+    """The base class of fenced Celery tasks: a Celery ``Task`` with ``enqueue``."""
+
+    #: The queue-independent spec, set per task by :func:`fenced_task`.
+    fencing: FencedTask
+
+    def enqueue(
+        self,
+        what: Record | Intent,
+        transition: str | None = None,
+        *,
+        guard: Any = None,
+        **options: Any,
+    ) -> Any:
+        """Send the intent (of ``what``, or ``what`` itself): ``apply_async`` with ``options``.
+
+        Returns the ``AsyncResult``; ``options`` are ``apply_async``'s (``countdown``,
+        ``queue``, ...). Call it after the transaction that produced the record has
+        committed (see ``fencing.contrib.tx``).
+        """
+        payload = self.fencing.encode(what, transition, guard=guard)
+        return self.apply_async((payload,), **options)
+
+    def delay_intent(self, intent: Intent) -> Any:
+        """``enqueue(intent)`` with no options."""
+        return self.enqueue(intent)
+
+
+def _body(spec: FencedTask) -> Callable[[Any, str], dict[str, Any]]:
+    def run(self: Any, payload: str) -> dict[str, Any]:
+        retries = int(self.request.retries or 0)
+        report = spec.run(payload, attempt=retries + 1)
+        if report.action is Action.RETRY:
+            raise self.retry(
+                exc=report.error,
+                countdown=spec.retry_delay(retries + 1),
+                max_retries=spec.max_retries,
+            )
+        if report.action is Action.REFUSE:
+            raise Reject(str(report.error), requeue=False)
+        if report.action is Action.FAIL:
+            assert report.error is not None
+            raise report.error
+        return report.to_dict()
+
+    return run
+
+
+def fenced_task(
+    app: Celery,
+    *,
+    target: TargetSource,
+    on_stale: StalePolicy | None = None,
+    lease: LeaseSpec | None = None,
+    signer: Signer | None = None,
+    max_retries: int = 5,
+    backoff: Backoff | None = None,
+    retry_on: tuple[type[Exception], ...] = (),
+    on_outcome: OutcomeHook | None = None,
+    name: str | None = None,
+    **celery_task_options: Any,
+) -> Callable[[Decision], FencedCeleryTask]:
+    """Decorate ``decide(record) -> new state | SKIP`` into a fenced Celery task.
+
+    ``target`` is a sync ``Collection`` or ``Table``, or a function returning one
+    (called once per worker process, after fork). ``celery_task_options`` go to
+    ``app.task`` (``queue``, ``acks_late``, ``time_limit``, ...). The task takes one
+    argument, the payload; send it with ``task.enqueue(record, "transition")``.
+    """
+
+    def decorate(decide: Decision) -> FencedCeleryTask:
+        task_name = name or app.gen_task_name(decide.__name__, decide.__module__)
+        spec = FencedTask(
+            name=task_name,
+            target=target,
+            decide=decide,
+            on_stale=on_stale,
+            lease=lease,
+            signer=signer,
+            max_retries=max_retries,
+            backoff=backoff,
+            retry_on=retry_on,
+            on_outcome=on_outcome,
+        )
+        run = _body(spec)
+        run.__name__ = decide.__name__
+        run.__qualname__ = getattr(decide, "__qualname__", decide.__name__)
+        run.__module__ = decide.__module__
+        run.__doc__ = decide.__doc__
+        options: dict[str, Any] = {
+            "acks_late": True,
+            "reject_on_worker_lost": True,
+            **celery_task_options,
+        }
+        task = app.task(
+            run,
+            bind=True,
+            base=FencedCeleryTask,
+            name=task_name,
+            max_retries=max_retries,
+            fencing=spec,
+            **options,
+        )
+        return cast(FencedCeleryTask, task)
+
+    return decorate

@@ -1,0 +1,178 @@
+"""Dramatiq: ``@fenced_actor(target=..., broker=...)`` turns ``decide`` into an actor.
+
+::
+
+    from fencing.contrib.dramatiq import fenced_actor
+
+    @fenced_actor(target=lambda: open_store().collection("orders"), broker=broker)
+    def ship(record):
+        return {**record.state, "status": "shipped"}
+
+    ship.enqueue(orders.get("o-1"), "ship")    # ship.send(payload) underneath
+
+The actor's one argument is the payload (the intent's JSON or a signed token).
+Retries go through Dramatiq's ``Retries`` middleware, restricted to transient
+errors: the actor raises ``dramatiq.Retry`` for a ``TransientStoreError`` or
+``LeaseHeld`` and its ``retry_when`` accepts only that, at most ``max_retries``
+times, with the middleware's exponential backoff (``min_backoff``/``max_backoff``
+from ``backoff``). ``InvalidIntent`` and other bad input are in ``throws``: the
+message fails at once. Stale, fenced and contended outcomes are successful
+messages; an exception of ``decide`` fails the message without retry.
+
+Dramatiq acknowledges a message after the actor returns. A worker killed before
+that leaves the message unacknowledged: RabbitMQ redelivers it as soon as the
+connection drops; the Redis broker moves it back to the queue once the dead
+worker's heartbeat is older than ``heartbeat_timeout``. The redelivery reports
+``Duplicate``. Add the ``CurrentMessage`` middleware to number attempts in logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._errors import InvalidInput, MissingDependency
+from .._values import Intent, Record
+from ._common import (
+    Action,
+    Backoff,
+    Decision,
+    FencedTask,
+    LeaseSpec,
+    OutcomeHook,
+    TargetSource,
+    TaskReport,
+    current_intent,
+)
+
+try:
+    import dramatiq
+    from dramatiq.broker import Broker, get_broker
+    from dramatiq.message import Message
+    from dramatiq.middleware import CurrentMessage
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the extra
+    raise MissingDependency(
+        f"fencing.contrib.dramatiq needs {exc.name}: pip install 'fencing[dramatiq]'"
+    ) from exc
+
+if TYPE_CHECKING:
+    from .._policy import StalePolicy
+    from .._signing import Signer
+
+__all__ = [
+    "Backoff",
+    "FencedActor",
+    "LeaseSpec",
+    "TaskReport",
+    "current_intent",
+    "fenced_actor",
+]
+
+
+class FencedActor(dramatiq.Actor[[str], dict[str, Any]]):
+    """A Dramatiq ``Actor`` with ``enqueue``; its spec is ``actor.fencing``."""
+
+    fencing: FencedTask
+
+    def enqueue(
+        self,
+        what: Record | Intent,
+        transition: str | None = None,
+        *,
+        guard: Any = None,
+        delay: int | None = None,
+        **options: Any,
+    ) -> Message[dict[str, Any]]:
+        """Send the intent of ``what`` (or ``what`` itself); ``delay`` in milliseconds."""
+        payload = self.fencing.encode(what, transition, guard=guard)
+        return self.send_with_options(args=(payload,), delay=delay, **options)
+
+
+def _attempt() -> int:
+    message = CurrentMessage.get_current_message()
+    if message is None:
+        return 1
+    retries = message.options.get("retries", 0)
+    return retries + 1 if isinstance(retries, int) else 1
+
+
+def fenced_actor(
+    *,
+    target: TargetSource,
+    broker: Broker | None = None,
+    actor_name: str | None = None,
+    queue_name: str = "default",
+    priority: int = 0,
+    on_stale: StalePolicy | None = None,
+    lease: LeaseSpec | None = None,
+    signer: Signer | None = None,
+    max_retries: int = 5,
+    backoff: Backoff | None = None,
+    retry_on: tuple[type[Exception], ...] = (),
+    on_outcome: OutcomeHook | None = None,
+    **actor_options: Any,
+) -> Callable[[Decision], FencedActor]:
+    """Decorate ``decide(record) -> new state | SKIP`` into a fenced Dramatiq actor.
+
+    ``target`` is a sync ``Collection`` or ``Table`` or a function returning one
+    (called once per worker process; worker threads share it). ``broker`` defaults
+    to Dramatiq's global broker; ``actor_options`` go to ``dramatiq.actor``
+    (``time_limit``, ...), except the retry options this module sets.
+    """
+    reserved = {"max_retries", "retry_when", "throws", "min_backoff", "max_backoff"}
+    clash = reserved & set(actor_options)
+    if clash:
+        raise InvalidInput(
+            f"fenced_actor sets {sorted(clash)} itself; use max_retries=, backoff=, retry_on="
+        )
+
+    def decorate(decide: Decision) -> FencedActor:
+        name = actor_name or decide.__name__
+        spec = FencedTask(
+            name=name,
+            target=target,
+            decide=decide,
+            on_stale=on_stale,
+            lease=lease,
+            signer=signer,
+            max_retries=max_retries,
+            backoff=backoff,
+            retry_on=retry_on,
+            on_outcome=on_outcome,
+        )
+
+        def run(payload: str) -> dict[str, Any]:
+            report = spec.run(payload, attempt=_attempt())
+            if report.action is Action.RETRY:
+                raise dramatiq.Retry(f"{report.kind}: {report.error}") from report.error
+            if report.action in (Action.REFUSE, Action.FAIL):
+                assert report.error is not None
+                raise report.error
+            return report.to_dict()
+
+        def retry_when(retries: int, exc: BaseException) -> bool:
+            return isinstance(exc, dramatiq.Retry) and retries < spec.max_retries
+
+        run.__name__ = decide.__name__
+        run.__qualname__ = getattr(decide, "__qualname__", decide.__name__)
+        run.__module__ = decide.__module__
+        run.__doc__ = decide.__doc__
+        make = dramatiq.actor(
+            actor_class=FencedActor,
+            actor_name=name,
+            queue_name=queue_name,
+            priority=priority,
+            broker=broker or get_broker(),
+            max_retries=spec.max_retries,
+            retry_when=retry_when,
+            throws=(InvalidInput,),
+            min_backoff=int(spec.backoff.base * 1000),
+            max_backoff=int(spec.backoff.cap * 1000),
+            **actor_options,
+        )
+        actor = make(run)
+        assert isinstance(actor, FencedActor)
+        actor.fencing = spec
+        return actor
+
+    return decorate

@@ -1,0 +1,113 @@
+"""The PostgreSQL case: a fresh schema per test on the server of this machine (or CI).
+
+``FENCING_POSTGRES_URL`` points the tests at another server; each test gets its own
+``fencing_t_<hex>`` schema (``?schema=...``), dropped with everything in it afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ._backends import Case, register
+
+BASE_URL = os.environ.get("FENCING_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
+_parts = urlsplit(BASE_URL)
+HOST = _parts.hostname or "127.0.0.1"
+PORT = _parts.port or 5432
+
+
+def url_for(schema: str, **options: str) -> str:
+    query = dict(parse_qsl(_parts.query), schema=schema, **options)
+    return urlunsplit(_parts._replace(query=urlencode(query)))
+
+
+def schema_of(url: str) -> str:
+    schema = dict(parse_qsl(urlsplit(url).query))["schema"]
+    assert schema.startswith("fencing_t_"), schema
+    return schema
+
+
+def admin() -> Any:
+    """A short-lived autocommit psycopg connection to the test server."""
+    import psycopg
+
+    from fencing._open import StoreURL
+    from fencing.backends.postgres import config_from_url
+
+    config = config_from_url(StoreURL.parse(BASE_URL), {})
+    return psycopg.connect(config.conninfo, autocommit=True)
+
+
+def make_url(tmp_path: Path) -> str:
+    """A URL whose schema is fresh (fencing creates it on migrate)."""
+    return url_for("fencing_t_" + uuid.uuid4().hex[:16])
+
+
+def cleanup(url: str) -> None:
+    from psycopg import sql
+
+    with admin() as conn:
+        conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema_of(url)))
+        )
+
+
+def connect(store: Any) -> Any:
+    """A short-lived autocommit connection to a store's database, its schema first on
+    the search path (works for a sync or an async store: no event loop needed)."""
+    import psycopg
+    from psycopg import sql
+
+    backend = store.backend
+    conn = psycopg.connect(backend.conninfo, autocommit=True)
+    if backend.schema is not None:
+        conn.execute(
+            sql.SQL("SET search_path TO {}, public").format(sql.Identifier(backend.schema))
+        )
+    return conn
+
+
+def create_table(
+    store: Any,
+    table: str,
+    key: str,
+    version: str | None,
+    columns: Mapping[str, str],
+    rows: Iterable[Mapping[str, Any]],
+) -> None:
+    from psycopg import sql
+
+    ident = sql.Identifier
+    cols = [sql.SQL("{} INTEGER PRIMARY KEY").format(ident(key))]
+    if version:
+        cols.append(sql.SQL("{} INTEGER NOT NULL DEFAULT 1").format(ident(version)))
+    cols += [sql.SQL("{} {}").format(ident(c), sql.SQL(t)) for c, t in columns.items()]
+    with connect(store) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(ident(table)))
+        conn.execute(sql.SQL("CREATE TABLE {} ({})").format(ident(table), sql.SQL(", ").join(cols)))
+        for row in rows:
+            conn.execute(
+                sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+                    ident(table),
+                    sql.SQL(", ").join(map(ident, row)),
+                    sql.SQL(", ").join([sql.Placeholder()] * len(row)),
+                ),
+                list(row.values()),
+            )
+
+
+register(
+    Case(
+        name="postgresql",
+        make_url=make_url,
+        shared_between_processes=True,
+        server=("PostgreSQL", HOST, PORT),
+        create_table=create_table,
+        cleanup=cleanup,
+    )
+)

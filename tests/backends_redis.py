@@ -1,0 +1,88 @@
+"""The Redis case of the contract suite (imported by conftest).
+
+Each test gets its own key prefix (``fencing-test-<random>``) on database 0, which other
+work on this machine shares: cleanup deletes only that prefix's keys (SCAN + UNLINK),
+never FLUSHDB. Guarded table rows live under the same prefix (``table_prefix``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fencing._open import StoreURL
+
+from ._backends import Case, register
+
+HOST = "127.0.0.1"
+PORT = 6379
+
+
+def redis_url(prefix: str | None = None, **options: object) -> str:
+    """A URL of a fresh, private corner of the test Redis (extra options appended)."""
+    prefix = prefix or f"fencing-test-{uuid.uuid4().hex[:12]}"
+    query = {"prefix": prefix, "table_prefix": f"{prefix}:tables:", **options}
+    return f"redis://{HOST}:{PORT}/0?" + "&".join(f"{k}={v}" for k, v in query.items())
+
+
+def _make_url(tmp_path: Path) -> str:
+    return redis_url()
+
+
+def cleanup(url: str) -> None:
+    """Delete every key under the URL's prefix (only those)."""
+    import redis
+
+    prefix = StoreURL.parse(url).options["prefix"]
+    assert prefix.startswith("fencing-test-"), prefix
+    client = redis.Redis(host=HOST, port=PORT, db=0)
+    try:
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                client.unlink(*batch)
+                batch.clear()
+        if batch:
+            client.unlink(*batch)
+    finally:
+        client.close()
+
+
+def _create_table(
+    store: Any,
+    table: str,
+    key: str,
+    version: str | None,
+    columns: Mapping[str, str],
+    rows: Iterable[Mapping[str, Any]],
+) -> None:
+    """Declare the table and write its rows as a user would: one hash per row."""
+    from fencing.backends.redis import field_text, open_backend
+
+    backend = open_backend(StoreURL.parse(store.url))
+    try:
+        backend.declare_table(table, key=key, version=version, columns=list(columns))
+        for row in rows:
+            name = backend.layout.row(table, row[key])
+            fields = {c: field_text(v) for c, v in row.items() if c != key and v is not None}
+            if version:
+                fields.setdefault(version, "1")
+            backend.client.delete(name)
+            backend.client.hset(name, mapping=fields)
+    finally:
+        backend.close()
+
+
+register(
+    Case(
+        name="redis",
+        make_url=_make_url,
+        shared_between_processes=True,
+        server=("Redis", HOST, PORT),
+        create_table=_create_table,
+        cleanup=cleanup,
+    )
+)

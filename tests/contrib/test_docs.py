@@ -1,0 +1,29 @@
+"""docs/queues.md: its examples parse, and every name they import from fencing exists."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "queues.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+
+
+def test_the_doc_has_an_example_per_queue() -> None:
+    text = "\n".join(BLOCKS)
+    for module in ("celery", "rq", "dramatiq", "arq", "tx"):
+        assert f"fencing.contrib.{module} import" in text
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+def test_example_imports_exist(block: str) -> None:
+    tree = ast.parse(block)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fencing"):
+            module = importlib.import_module(node.module or "")
+            for alias in node.names:
+                assert hasattr(module, alias.name), f"{node.module} has no {alias.name}"

@@ -1,0 +1,636 @@
+"""Redis-specific tests: connection kills, threads and processes on a hot key against a
+naive baseline, hash-tag slots, token durability across reopen and expiry, and the Lua
+scripts held to ``fencing._rules.judge()``.
+
+The contract suite (tests/test_contract.py) runs on Redis too, through tests/backends_redis.py.
+Redis Cluster is not running here: its slot rules are tested as pure functions.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fencing
+from fencing import Committed, Duplicate, Recompute, TransientStoreError
+from fencing._open import StoreURL
+from fencing._rules import LeaseRef, LeaseRow, Status, judge
+from fencing._values import Intent, Record
+from fencing.backends._contract import CommitRequest, Target
+from fencing.backends.redis import (
+    SCRIPTS,
+    Call,
+    Layout,
+    RedisBackend,
+    Script,
+    Send,
+    check_slots,
+    commit_result,
+    judge_call,
+    judge_reply,
+    key_slot,
+    migrate_flow,
+    open_backend,
+    parse_settings,
+)
+
+from ._backends import require_server
+from ._syncify import Loop, Syncified
+from .backends_redis import HOST, PORT, cleanup, redis_url
+
+pytest.importorskip("redis", reason="the redis extra is not installed")
+
+ORDERS = Target("collection", "orders")
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    require_server("Redis", HOST, PORT)
+    u = redis_url()
+    yield u
+    cleanup(u)
+
+
+@pytest.fixture
+def opener(api: str, request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """open_(url) -> a store through the sync API, or the async API made to look sync."""
+    opened: list[Any] = []
+    # the loop is set up first, so that it is torn down after the stores are closed
+    loop: Loop | None = request.getfixturevalue("loop") if api == "async" else None
+
+    def open_(u: str) -> Any:
+        if loop is None:
+            store: Any = fencing.open(u)
+        else:
+            store = Syncified(loop.run(fencing.open_async(u)), loop)
+        opened.append(store)
+        return store
+
+    yield open_
+    for store in opened:
+        store.close()
+
+
+def _raw(url: str) -> Any:
+    import redis
+
+    return redis.Redis(host=HOST, port=PORT, db=0)
+
+
+def _backend(url: str) -> RedisBackend:
+    backend = open_backend(StoreURL.parse(url))
+    backend.migrate()
+    return backend
+
+
+# -- (a) connections killed mid-commit --------------------------------------------------
+def _kill_named(admin: Any, name: str, cmd: str | None = None) -> int:
+    killed = 0
+    for client in admin.client_list():
+        if client.get("name") == name and (cmd is None or client.get("cmd") == cmd):
+            killed += admin.client_kill_filter(_id=client["id"])
+    return killed
+
+
+def test_kill_after_the_write_is_transient_and_retry_is_duplicate(
+    url: str, opener: Callable[..., Any]
+) -> None:
+    """The commit ran, then its connection died while waiting (WAIT): the outcome is
+    unknown to the caller; retrying the same intent reports Duplicate, applied once."""
+    name = f"fencing-kill-{uuid.uuid4().hex[:8]}"
+    plain = opener(url)
+    orders = plain.collection("orders")
+    rec = orders.create("o-1", {"status": "new"})
+    intent = rec.intent("ship")
+    waiting = opener(f"{url}&wait_replicas=1&wait_timeout_ms=20000&client_name={name}")
+    admin = _raw(url)
+    killed: list[int] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not killed:
+            if _kill_named(admin, name, cmd="wait"):
+                killed.append(1)
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    with pytest.raises(TransientStoreError) as caught:
+        waiting.collection("orders").commit(intent, {"status": "shipped"})
+    thread.join()
+    admin.close()
+    import redis
+
+    assert killed, "the connection was never seen waiting"
+    assert isinstance(caught.value.__cause__, redis.ConnectionError)
+    again = orders.commit(intent, {"status": "shipped"})
+    assert isinstance(again, Duplicate)
+    final = orders.get("o-1")
+    assert (final.version, final.state["status"]) == (2, "shipped")
+
+
+def test_wait_shortfall_is_transient_and_retry_is_duplicate(
+    url: str, opener: Callable[..., Any]
+) -> None:
+    # This Redis has no replicas: WAIT 1 can never be satisfied.
+    waiting = opener(f"{url}&wait_replicas=1&wait_timeout_ms=20")
+    orders = waiting.collection("orders")
+    with pytest.raises(TransientStoreError, match="replicas acknowledged"):
+        orders.create("o-1", {"n": 0})
+    plain = opener(url).collection("orders")
+    rec = plain.get("o-1")
+    assert rec is not None and rec.version == 1  # it is on the primary
+    intent = rec.intent("inc")
+    with pytest.raises(TransientStoreError, match="outcome is unknown"):
+        orders.commit(intent, {"n": 1})
+    assert isinstance(plain.commit(intent, {"n": 1}), Duplicate)
+    assert plain.get("o-1").version == 2
+    with pytest.raises(TransientStoreError):
+        waiting.acquire("jobs/w", owner="a", ttl=5)
+
+
+def test_random_kills_never_double_apply_or_lose(url: str, opener: Callable[..., Any]) -> None:
+    """A killer drops the store's connections at random moments; every TransientStoreError
+    is retried with the same intent. Each intent lands exactly once, none is lost."""
+    name = f"fencing-kill-{uuid.uuid4().hex[:8]}"
+    orders = opener(f"{url}&client_name={name}").collection("orders")
+    setup = opener(url).collection("orders")
+    setup.create("k", {"log": []})
+    admin = _raw(url)
+    stop = threading.Event()
+    rng = random.Random(7)
+
+    def killer() -> None:
+        while not stop.is_set():
+            _kill_named(admin, name)
+            time.sleep(rng.uniform(0, 0.004))
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    acked: list[str] = []
+    transient = duplicates = 0
+    try:
+        for i in range(600):
+            while True:
+                try:
+                    rec = orders.get("k")
+                    break
+                except TransientStoreError:
+                    transient += 1
+            intent = rec.intent("append")
+            new = {"log": [*rec.state["log"], intent.id]}
+            while True:
+                try:
+                    out = orders.commit(intent, new)
+                    break
+                except TransientStoreError:
+                    transient += 1
+            assert isinstance(out, Committed | Duplicate), out
+            duplicates += isinstance(out, Duplicate)
+            acked.append(intent.id)
+            if transient >= 5 and duplicates >= 1 and i >= 40:
+                break  # kills have landed before and after writes: enough
+    finally:
+        stop.set()
+        thread.join()
+        admin.close()
+    assert transient >= 1, "no kill ever landed mid-command"
+    final = setup.get("k")
+    assert list(final.state["log"]) == acked
+    assert final.version == 1 + len(acked)
+
+
+# -- (b) threads and processes on one hot key, and the naive baseline -------------------
+PAUSE = 0.002
+THREADS, PROCESSES, OPS = 16, 4, 5
+
+
+def _worker(url: str, mode: str, name: str) -> int:
+    """OPS increments of one hot counter; returns how many were acknowledged."""
+    prefix = StoreURL.parse(url).options["prefix"]
+    if mode == "naive":
+        client = _raw(url)
+        try:
+            for _ in range(OPS):
+                n = int(client.get(f"{prefix}:naive"))
+                time.sleep(PAUSE)  # the same decide time as the fenced run
+                client.set(f"{prefix}:naive", n + 1)
+        finally:
+            client.close()
+        return OPS
+
+    def decide(record: Record) -> dict[str, int]:
+        time.sleep(PAUSE)
+        return {"n": record.state["n"] + 1}
+
+    policy = Recompute(attempts=300, backoff=0.002, max_backoff=0.05)
+    committed = 0
+    with fencing.open(url) as store:
+        orders = store.collection("orders")
+        for op in range(OPS):
+            intent = orders.intent("hot", "inc")
+            if op % 2:
+                with store.lease("orders/hot", owner=name, ttl=30, wait=120) as lease:
+                    out = orders.apply(intent, decide, on_stale=policy, lease=lease)
+            else:
+                out = orders.apply(intent, decide, on_stale=policy)
+            committed += out.committed
+    return committed
+
+
+def _run_everywhere(url: str, mode: str) -> int:
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(PROCESSES) as pool:
+        procs = pool.starmap_async(_worker, [(url, mode, f"p{i}") for i in range(PROCESSES)])
+        with ThreadPoolExecutor(THREADS) as threads:
+            counts = list(threads.map(lambda i: _worker(url, mode, f"t{i}"), range(THREADS)))
+        counts += procs.get(timeout=240)
+    return sum(counts)
+
+
+@pytest.mark.slow
+def test_hot_key_threads_and_processes(url: str) -> None:
+    prefix = StoreURL.parse(url).options["prefix"]
+    with fencing.open(url) as store:
+        store.collection("orders").create("hot", {"n": 0})
+    committed = _run_everywhere(url, "fenced")
+    with fencing.open(url) as store:
+        final = store.collection("orders").get("hot")
+        token = store.backend.lease_state("orders/hot").row.token
+    assert final.version == 1 + committed
+    assert final.state["n"] == committed
+    assert committed > 0 and final.fence <= token
+
+    raw = _raw(url)
+    raw.set(f"{prefix}:naive", 0)
+    done = _run_everywhere(url, "naive")
+    naive = int(raw.get(f"{prefix}:naive"))
+    raw.close()
+    assert done == (THREADS + PROCESSES) * OPS
+    assert naive < done, "the naive read-modify-write lost no update: the test proves nothing"
+
+
+# -- (c) hash tags and Cluster slots ---------------------------------------------------
+def test_record_applied_and_lease_share_a_slot() -> None:
+    layout = Layout("fencing")
+    keys = [
+        layout.record(ORDERS, "o-1"),
+        layout.applied(ORDERS, "o-1"),
+        layout.fence(ORDERS, "o-1"),
+        layout.lease("orders/o-1"),
+    ]
+    assert keys[0] == "fencing:c:orders:{orders/o-1}:rec"
+    assert keys[1] == "fencing:c:orders:{orders/o-1}:applied"
+    assert keys[3] == "fencing:lease:{orders/o-1}"
+    assert len({key_slot(k) for k in keys}) == 1
+    assert key_slot(keys[0]) == key_slot("orders/o-1")
+    assert key_slot(layout.lease("orders/o-2")) != key_slot(keys[0])
+
+    table = Target("table", "orders", "id", "version")
+    tkeys = [
+        layout.record(table, 42),
+        layout.applied(table, 42),
+        layout.fence(table, 42),
+        layout.lease("orders:42"),
+    ]
+    assert tkeys[0] == "orders:42"  # the user's own hash
+    assert len({key_slot(k) for k in tkeys}) == 1
+
+
+def test_key_slot_is_redis_cluster_crc16() -> None:
+    # The reference value of the Redis Cluster specification: CRC16("123456789") = 0x31C3.
+    assert key_slot("123456789") == 0x31C3
+    assert key_slot("{user1000}.following") == key_slot("{user1000}.followers")
+    # the specification's examples: an empty tag hashes the whole key; the first {...} counts
+    assert key_slot("foo{}{bar}") != key_slot("bar")
+    assert key_slot("foo{{bar}}zap") == key_slot("{bar")
+    assert key_slot("foo{bar}{zap}") == key_slot("bar")
+
+
+def test_keys_never_collide_across_collections() -> None:
+    layout = Layout("fencing")
+    a = layout.record(Target("collection", "a"), "b/c")
+    b = layout.record(Target("collection", "a/b"), "c")
+    assert a != b
+
+
+def _request(
+    target: Target, key: str | int, lease: str | None, *, guard: dict[str, Any] | None = None
+) -> CommitRequest:
+    intent = Intent.new(target.name, key, 1, "t", guard=guard, kind=target.kind)
+    ref = None if lease is None else LeaseRef(lease, 3)
+    return CommitRequest(target, intent, {"n": 1}, '{"n":1}', ref)
+
+
+def test_cluster_refuses_a_lease_in_another_slot_before_sending() -> None:
+    cluster = Layout("fencing", cluster=True)
+    ok = judge_call(cluster, _request(ORDERS, "o-1", "orders/o-1"), "commit")
+    assert len({key_slot(k) for k in ok.keys}) == 1
+    judge_call(cluster, _request(ORDERS, "o-1", None), "commit")  # unfenced: one slot
+    with pytest.raises(fencing.InvalidInput, match="name the lease 'orders/o-1'"):
+        judge_call(cluster, _request(ORDERS, "o-1", "jobs/x"), "commit")
+    # the same request is fine on a single server
+    judge_call(Layout("fencing"), _request(ORDERS, "o-1", "jobs/x"), "commit")
+    table = Target("table", "orders", "id", "version")
+    judge_call(cluster, _request(table, 42, "orders:42"), "commit")
+    with pytest.raises(fencing.InvalidInput, match="'orders:42'"):
+        judge_call(cluster, _request(table, 42, "orders/42"), "commit")
+    spread = Call(SCRIPTS["commit"], ("{a}x", "{b}y"), ())
+    with pytest.raises(fencing.InvalidInput):
+        check_slots(spread)
+
+
+def test_cluster_settings() -> None:
+    settings = parse_settings(StoreURL.parse("redis://h:7000?cluster=true"), {})
+    assert settings.layout.cluster and (settings.host, settings.port) == ("h", 7000)
+    with pytest.raises(fencing.ConfigurationError, match="wait_replicas"):
+        parse_settings(StoreURL.parse("redis://h?cluster=1&wait_replicas=1"), {})
+    with pytest.raises(fencing.ConfigurationError, match="database 0"):
+        parse_settings(StoreURL.parse("redis://h/3?cluster=1"), {})
+
+
+# -- (d) tokens only grow ----------------------------------------------------------------
+def test_tokens_increase_across_reopen_and_expiry(url: str, opener: Callable[..., Any]) -> None:
+    first = opener(url)
+    expired = first.acquire("jobs/t", owner="a", ttl=0.05)
+    first.close()
+    time.sleep(0.1)  # let it expire, unreleased
+    second = opener(url)
+    taken = second.acquire("jobs/t", owner="b", ttl=5)
+    assert taken.token > expired.token
+    taken.release()
+    second.close()
+    third = opener(url)
+    again = third.acquire("jobs/t", owner="c", ttl=5)
+    assert again.token > taken.token
+    raw = _raw(url)
+    lease_key = Layout(StoreURL.parse(url).options["prefix"]).lease("jobs/t")
+    assert raw.pttl(lease_key) == -1  # no TTL: the counter is never dropped
+    raw.close()
+    again.release()
+
+
+# -- the scripts against judge() ---------------------------------------------------------
+_ABSENT = object()
+_STATE_VALUES = [1, 1.0, True, False, None, "1", 0, "x", [1], {"a": 1}, _ABSENT]
+_GUARD_VALUES = [1, 1.0, True, False, None, "1", 0, "x", _ABSENT]
+
+
+@st.composite
+def _scenario(draw: st.DrawFn) -> dict[str, Any]:
+    # Weighted towards the interesting cases: a record that exists, not yet applied, a
+    # lease row whose token is the commit's (so expiry and ownership decide).
+    guard = draw(st.sampled_from(_GUARD_VALUES))
+    token = draw(st.sampled_from([None, 2, 2, 2, 2]))
+    lease = None
+    if draw(st.sampled_from([True, True, True, False])):
+        held = draw(st.sampled_from([2, 2, 2, 1, 3]))
+        lease = (held, draw(st.booleans()), draw(st.booleans()))  # token, owned, live
+    return {
+        "exists": draw(st.sampled_from([True, True, True, False])),
+        "version": draw(st.integers(1, 2)),
+        "expected": draw(st.sampled_from([None, 1, 2]))
+        if guard is not _ABSENT
+        else draw(st.integers(1, 2)),
+        "fence": draw(st.sampled_from([0, 1, 2, 3])),
+        "applied": draw(st.sampled_from([False, False, False, True])),
+        "token": token,
+        "lease": lease,
+        "state": draw(st.sampled_from(_STATE_VALUES)),
+        "guard": guard,
+    }
+
+
+def test_scripts_decide_as_judge(url: str) -> None:
+    """Every status the commit and probe scripts decide is what judge() says about the
+    same facts: missing, duplicate, fenced (newer / expired), stale (version, guard with
+    JSON equality: true is not 1, 1 is 1.0)."""
+    backend = _backend(url)
+    layout, client = backend.layout, backend.client
+
+    @given(_scenario())
+    def check(sc: dict[str, Any]) -> None:
+        key = uuid.uuid4().hex
+        sec, usec = client.time()
+        now_us = sec * 1_000_000 + usec
+        guard = None if sc["guard"] is _ABSENT else {"g": sc["guard"]}
+        intent = Intent.new("orders", key, sc["expected"], "t", guard=guard)
+        state = {} if sc["state"] is _ABSENT else {"g": sc["state"]}
+        lease_name = f"orders/{key}"
+        record = None
+        if sc["exists"]:
+            record = Record("orders", key, sc["version"], sc["fence"], state)
+            client.hset(
+                layout.record(ORDERS, key),
+                mapping={"v": sc["version"], "f": sc["fence"], "s": fencing_json(state)},
+            )
+        if sc["applied"]:
+            client.zadd(layout.applied(ORDERS, key), {intent.root_id: now_us})
+        row = None
+        if sc["lease"] is not None:
+            token, owned, live = sc["lease"]
+            expires = now_us + (10_000_000 if live else -1_000_000)
+            fields: dict[str, Any] = {"token": token, "exp": expires if owned else 0}
+            if owned:
+                fields["owner"] = "o"
+            client.hset(layout.lease(lease_name), mapping=fields)
+            row = LeaseRow(lease_name, "o" if owned else None, token, fields["exp"] / 1e6)
+        ref = None if sc["token"] is None else LeaseRef(lease_name, sc["token"])
+        expected = judge(record, sc["applied"], intent, ref, row, now_us / 1e6)
+        request = CommitRequest(ORDERS, intent, {"g": "new"}, '{"g":"new"}', ref)
+        probe = client.execute_command(*judge_call(layout, request, "probe").command())
+        assert commit_result(request, probe).status is expected
+        assert judge_reply(request, probe) is expected
+        done = backend.commit(request)
+        assert done.status is (Status.APPLIED if expected is Status.OK else expected)
+        after = backend.read(ORDERS, key)
+        if record is None:
+            assert after is None
+        else:
+            assert after is not None
+            applied = done.status is Status.APPLIED
+            assert after.version == record.version + applied
+            if applied and ref is not None:
+                assert done.record is not None and done.record.fence == max(record.fence, ref.token)
+
+    try:
+        check()
+    finally:
+        backend.close()
+
+
+def fencing_json(state: dict[str, Any]) -> str:
+    from fencing._validate import dump_state
+
+    return dump_state(state)
+
+
+@pytest.mark.parametrize(
+    ("stored", "guard", "holds"),
+    [
+        ("10", 10, True),
+        ("10", "10", True),
+        ("10", 10.0, False),  # text: repr(10.0) is "10.0"
+        ("true", True, True),
+        ("1", True, False),
+        (None, None, True),  # None: the field is absent
+        ("", None, False),
+        ("x", "y", False),
+    ],
+)
+def test_table_guards_compare_text(
+    url: str, stored: str | None, guard: object, holds: bool
+) -> None:
+    backend = _backend(url)
+    try:
+        backend.declare_table("items", key="id", version=None, columns=["status", "g"])
+        fields = {"status": "a"} if stored is None else {"status": "a", "g": stored}
+        backend.client.hset(backend.layout.row("items", 5), mapping=fields)
+        target = Target("table", "items", "id", None)
+        intent = Intent.new("items", 5, None, "t", guard={"g": guard}, kind="table")
+        request = CommitRequest(target, intent, {"status": "b"}, '{"status":"b"}')
+        result = backend.commit(request)
+        assert result.status is (Status.APPLIED if holds else Status.STALE)
+    finally:
+        backend.close()
+
+
+# -- other behaviour -------------------------------------------------------------------
+def test_commit_many_is_one_round_trip(url: str) -> None:
+    backend = _backend(url)
+    sends: list[int] = []
+    step = backend._step
+
+    def counting(s: Any) -> object:
+        if isinstance(s, Send):
+            sends.append(len(s.commands))
+        return step(s)
+
+    backend._step = counting  # type: ignore[method-assign]
+    try:
+        for i in range(30):
+            backend.create(ORDERS, f"k{i}", '{"n":0}')
+        sends.clear()
+        requests = [
+            CommitRequest(ORDERS, Intent.new("orders", f"k{i}", 1, "t"), {"n": 1}, '{"n":1}')
+            for i in range(30)
+        ]
+        results = backend.commit_many(requests)
+        assert sends == [30]
+        assert all(r.status is Status.APPLIED for r in results)
+    finally:
+        backend.close()
+
+
+def test_lost_script_cache_is_reloaded(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOSCRIPT (a restarted server) loads the scripts and re-sends: single and batch.
+    A script variant nobody loaded stands in for a flushed cache (SCRIPT FLUSH would
+    disturb everyone else using this server)."""
+    backend = _backend(url)
+    try:
+        backend.create(ORDERS, "a", '{"n":0}')
+        original = SCRIPTS["commit"]
+        text = f"{original.text}\n-- {uuid.uuid4().hex}"
+        import hashlib
+
+        variant = Script("commit", text, hashlib.sha1(text.encode()).hexdigest())
+        assert not backend.client.script_exists(variant.sha)[0]
+        monkeypatch.setitem(SCRIPTS, "commit", variant)
+        one = CommitRequest(ORDERS, Intent.new("orders", "a", 1, "t"), {"n": 1}, '{"n":1}')
+        assert backend.commit(one).status is Status.APPLIED
+        text2 = f"{original.text}\n-- {uuid.uuid4().hex}"
+        variant2 = Script("commit", text2, hashlib.sha1(text2.encode()).hexdigest())
+        monkeypatch.setitem(SCRIPTS, "commit", variant2)
+        two = CommitRequest(ORDERS, Intent.new("orders", "a", 2, "t"), {"n": 2}, '{"n":2}')
+        results = backend.commit_many([one, two])
+        assert [r.status for r in results] == [Status.DUPLICATE, Status.APPLIED]
+    finally:
+        backend.close()
+
+
+def test_prune_forgets_old_intents(url: str, opener: Callable[..., Any]) -> None:
+    store = opener(url)
+    orders = store.collection("orders")
+    rec = orders.create("o-1", {"n": 0})
+    first = rec.intent("a")
+    assert orders.commit(first, {"n": 1}).committed
+    assert store.prune(3600) == 0
+    assert isinstance(orders.commit(first, {"n": 1}), Duplicate)
+    time.sleep(0.01)
+    assert store.prune(0.001) == 1
+    assert isinstance(orders.commit(first, {"n": 1}), fencing.Stale)  # version moved on
+
+
+def test_newer_schema_is_refused(url: str) -> None:
+    raw = _raw(url)
+    raw.set(f"{StoreURL.parse(url).options['prefix']}:schema", 99)
+    raw.close()
+    with pytest.raises(fencing.SchemaError, match="newer"):
+        fencing.open(url)
+
+
+def test_evicting_server_is_refused_unless_allowed() -> None:
+    """The migrate flow is pure: fed INFO replies of an allkeys-lru server, it refuses."""
+    settings = parse_settings(StoreURL.parse("redis://h"), {})
+    flow = migrate_flow(settings)
+    assert isinstance(next(flow), Send)
+    with pytest.raises(fencing.ConfigurationError, match="allkeys-lru"):
+        flow.send([{"redis_version": "7.2.4"}, {"maxmemory_policy": "allkeys-lru"}])
+    old = migrate_flow(settings)
+    next(old)
+    with pytest.raises(fencing.ConfigurationError, match=r"Redis 7\.0 or newer"):
+        old.send([{"redis_version": "6.2.0"}, {"maxmemory_policy": "noeviction"}])
+    allowed = parse_settings(StoreURL.parse("redis://h?allow_eviction=true"), {})
+    flow = migrate_flow(allowed)
+    next(flow)
+    step = flow.send([{"redis_version": "7.2.4"}, {"maxmemory_policy": "allkeys-lru"}])
+    assert isinstance(step, Send)  # goes on to the schema key
+
+
+def test_big_integer_guard_refused_before_sending(url: str, opener: Callable[..., Any]) -> None:
+    orders = opener(url).collection("orders")
+    rec = orders.create("o-1", {"n": 2**60})
+    with pytest.raises(fencing.InvalidState, match="2\\*\\*53"):
+        orders.commit(rec.intent("x", guard={"n": 2**60}), {"n": 0})
+    assert orders.get("o-1").version == 1
+
+
+def test_url_options_are_checked() -> None:
+    def parse(u: str, **options: Any) -> Any:
+        return parse_settings(StoreURL.parse(u), dict(options))
+
+    s = parse("redis://user:p%40ss@h:6380/2?prefix=app&wait_replicas=2&wait_timeout_ms=50")
+    assert (s.host, s.port, s.db, s.username, s.password) == ("h", 6380, 2, "user", "p@ss")
+    assert (s.layout.prefix, s.wait_replicas, s.wait) == ("app", 2, ("WAIT", 2, 50))
+    assert parse("rediss://h").ssl
+    assert "p@ss" not in repr(s)
+    assert parse("redis://h", prefix="other").layout.prefix == "other"
+    for bad in (
+        "redis://h?nope=1",
+        "redis://h?prefix=a{b}",
+        "redis://h?prefix=a*",
+        "redis://h?table_prefix=x y",
+        "redis://h/abc",
+        "redis://h?wait_replicas=-1",
+        "redis://h?socket_timeout=soon",
+        "redis://h?cluster=maybe",
+    ):
+        with pytest.raises(fencing.ConfigurationError):
+            parse(bad)
+    with pytest.raises(fencing.ConfigurationError, match="bad client option"):
+        fencing.open("redis://127.0.0.1?prefix=x", migrate=False, no_such_redis_option=1)
+
+
+def test_unreachable_server_is_transient() -> None:
+    with pytest.raises(TransientStoreError):
+        fencing.open("redis://127.0.0.1:1?connect_timeout=0.5")

@@ -1,0 +1,242 @@
+"""Signed intents: HMAC-SHA256 with key rotation; a tampered message is refused."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from typing import Any
+
+import pytest
+
+from fencing import ConfigurationError, Intent, InvalidIntent, Signer
+
+K1 = b"k1-secret-0123456789abcdef"
+K2 = b"k2-secret-fedcba9876543210"
+
+
+def intent(**fields: Any) -> Intent:
+    base: dict[str, Any] = {
+        "id": "i-1",
+        "collection": "orders",
+        "key": "o-1",
+        "expected_version": 3,
+        "transition": "ship",
+        "guard": {"status": "packed"},
+        "decided_at": 1.5,
+    }
+    base.update(fields)
+    return Intent(**base)
+
+
+def b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def forge(kid: str, secret: bytes, body_text: str) -> str:
+    """A correctly signed token over any payload text (as a holder of the key could make)."""
+    body = b64(body_text.encode())
+    mac = hmac.new(secret, f"{kid}.{body}".encode(), hashlib.sha256).digest()
+    return f"{kid}.{body}.{b64(mac)}"
+
+
+def test_sign_verify_round_trip() -> None:
+    signer = Signer(keys={"k1": K1}, current="k1")
+    original = intent()
+    token = signer.sign(original)
+    assert isinstance(token, str) and token.isascii() and token.count(".") == 2
+    assert token.startswith("k1.")
+    assert signer.verify(token) == original
+    assert signer.verify(token.encode()) == original
+    assert signer.verify(token).to_json() == original.to_json()
+    assert signer.current == "k1"
+
+
+@pytest.mark.parametrize("key", ["o-1", 42, "ключ 🔑"])
+def test_round_trip_of_any_key(key: str | int) -> None:
+    signer = Signer(keys={"k1": K1}, current="k1")
+    assert signer.verify(signer.sign(intent(key=key))).key == key
+
+
+def test_key_rotation() -> None:
+    old = Signer(keys={"k1": K1}, current="k1")
+    rotated = Signer(keys={"k2": K2, "k1": K1}, current="k2")
+    in_flight = old.sign(intent(id="old"))
+    assert rotated.verify(in_flight).id == "old"  # the old key still verifies
+    fresh = rotated.sign(intent(id="new"))
+    assert fresh.startswith("k2.")  # the new key signs
+    assert rotated.verify(fresh).id == "new"
+    with pytest.raises(InvalidIntent, match="unknown key"):
+        old.verify(fresh)  # a node that has not rotated yet does not know k2
+    retired = Signer(keys={"k2": K2}, current="k2")
+    with pytest.raises(InvalidIntent, match="unknown key"):
+        retired.verify(in_flight)  # once k1 is dropped, its tokens are refused
+
+
+def test_same_key_id_with_another_secret_is_refused() -> None:
+    ours = Signer(keys={"k1": K1}, current="k1")
+    theirs = Signer(keys={"k1": K2}, current="k1")
+    with pytest.raises(InvalidIntent, match="tampered"):
+        ours.verify(theirs.sign(intent()))
+
+
+def test_tampered_payload_is_refused() -> None:
+    signer = Signer(keys={"k1": K1}, current="k1")
+    kid, body, mac = signer.sign(intent(expected_version=3)).split(".")
+    data = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    data["expected_version"] = 4
+    evil = b64(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
+    with pytest.raises(InvalidIntent, match="tampered"):
+        signer.verify(f"{kid}.{evil}.{mac}")
+    # every single-character change of the payload is refused
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    for i in range(len(body)):
+        changed = body[:i] + alphabet[(alphabet.index(body[i]) + 1) % 64] + body[i + 1 :]
+        with pytest.raises(InvalidIntent):
+            signer.verify(f"{kid}.{changed}.{mac}")
+    with pytest.raises(InvalidIntent):
+        signer.verify(f"{kid}.{body}A.{mac}")
+    with pytest.raises(InvalidIntent):
+        signer.verify(f"{kid}.{body[:-1]}.{mac}")
+
+
+def test_tampered_mac_is_refused() -> None:
+    signer = Signer(keys={"k1": K1}, current="k1")
+    token = signer.sign(intent())
+    kid, body, mac = token.split(".")
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    for i in range(len(mac)):
+        for shift in (1, 2, 32):
+            changed = mac[:i] + alphabet[(alphabet.index(mac[i]) + shift) % 64] + mac[i + 1 :]
+            with pytest.raises(InvalidIntent):
+                signer.verify(f"{kid}.{body}.{changed}")
+    # other spellings of the same MAC bytes are not the token either
+    for variant in (mac + "=", mac + "==", mac[:5] + "*" + mac[5:], mac + "\n", " " + mac, ""):
+        with pytest.raises(InvalidIntent):
+            signer.verify(f"{kid}.{body}.{variant}")
+    with pytest.raises(InvalidIntent):
+        signer.verify(f"{kid}.{body}.{mac[:-1]}")
+
+
+def test_key_id_is_covered_by_the_mac() -> None:
+    signer = Signer(keys={"k1": K1, "k2": K1}, current="k1")  # same secret, other id
+    _, body, mac = signer.sign(intent()).split(".")
+    with pytest.raises(InvalidIntent, match="tampered"):
+        signer.verify(f"k2.{body}.{mac}")
+
+
+@pytest.mark.parametrize("kid", ["k9", "", "K1", "k1 ", "../k1"])
+def test_unknown_key_id_is_refused(kid: str) -> None:
+    signer = Signer(keys={"k1": K1}, current="k1")
+    _, body, mac = signer.sign(intent()).split(".")
+    with pytest.raises(InvalidIntent):
+        signer.verify(f"{kid}.{body}.{mac}")
+
+
+def test_unsigned_plain_json_is_refused() -> None:
+    signer = Signer(keys={"k1": K1}, current="k1")
+    plain = intent().to_json()
+    with pytest.raises(InvalidIntent, match="not signed"):
+        signer.verify(plain)
+    with pytest.raises(InvalidIntent):
+        signer.verify(plain.encode())
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "",
+        ".",
+        "..",
+        "...",
+        "k1..",
+        "k1.x.y.z",
+        "k1.!!!.???",
+        "a" * 200_000,
+        "k1." + "A" * 200_000 + ".x",
+        "\x00",
+        b"\xff\xfe",
+        b"k1.\x80.\x81",
+    ],
+    ids=lambda g: repr(g)[:20],
+)
+def test_garbage_is_refused(garbage: str | bytes) -> None:
+    signer = Signer(keys={"k1": K1}, current="k1")
+    with pytest.raises(InvalidIntent):
+        signer.verify(garbage)
+
+
+@pytest.mark.parametrize("token", ["k1.é.x", "ключ.abc.def", "k1.abc.déf", "k1.🔑.x"])
+def test_non_ascii_is_refused(token: str) -> None:
+    signer = Signer(keys={"k1": K1}, current="k1")
+    with pytest.raises(InvalidIntent):
+        signer.verify(token)
+    with pytest.raises(InvalidIntent):
+        signer.verify(token.encode())
+
+
+@pytest.mark.parametrize("value", [None, 5, ["k1.a.b"], {"token": "x"}, bytearray(b"k1.a.b")])
+def test_non_text_is_refused(value: Any) -> None:
+    signer = Signer(keys={"k1": K1}, current="k1")
+    with pytest.raises(InvalidIntent):
+        signer.verify(value)
+
+
+@pytest.mark.parametrize(
+    "body_text",
+    [
+        "not json",
+        "[]",
+        "{}",
+        '{"v": 2}',
+        json.dumps({**intent().to_dict(), "extra": 1}),
+        json.dumps({**intent().to_dict(), "expected_version": -1}),
+        json.dumps({**intent().to_dict(), "decided_at": float("nan")}),
+    ],
+)
+def test_signed_but_invalid_intent_is_refused(body_text: str) -> None:
+    # A valid MAC does not make a malformed payload acceptable.
+    signer = Signer(keys={"k1": K1}, current="k1")
+    with pytest.raises(InvalidIntent):
+        signer.verify(forge("k1", K1, body_text))
+    assert signer.verify(forge("k1", K1, intent().to_json())) == intent()
+
+
+@pytest.mark.parametrize("value", [None, "i-1", intent().to_dict(), intent().to_json()])
+def test_sign_needs_an_intent(value: Any) -> None:
+    with pytest.raises(InvalidIntent):
+        Signer(keys={"k1": K1}, current="k1").sign(value)
+
+
+@pytest.mark.parametrize(
+    ("keys", "current"),
+    [
+        ({}, "k1"),
+        ({"k1": K1}, "k2"),
+        ({"k1": K1}, None),
+        ({"k1": b"short"}, "k1"),
+        ({"k1": b""}, "k1"),
+        ({"k1": K1.decode()}, "k1"),
+        ({"k1": None}, "k1"),
+        ({"": K1}, ""),
+        ({"k 1": K1}, "k 1"),
+        ({"k.1": K1}, "k.1"),
+        ({"k" * 33: K1}, "k" * 33),
+        ({"ключ": K1}, "ключ"),
+        ({1: K1}, 1),
+        ({"k1": K1, "k2": b"x"}, "k1"),
+    ],
+    ids=lambda v: repr(v)[:30],
+)
+def test_bad_key_config_is_a_configuration_error(keys: Any, current: Any) -> None:
+    with pytest.raises(ConfigurationError):
+        Signer(keys=keys, current=current)
+
+
+def test_signer_does_not_share_the_callers_key_dict() -> None:
+    keys = {"k1": K1}
+    signer = Signer(keys=keys, current="k1")
+    token = signer.sign(intent())
+    keys["k1"] = K2
+    assert signer.verify(token) == intent()
