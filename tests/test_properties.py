@@ -304,11 +304,6 @@ def test_commits_follow_the_model(store: Any, backend_name: str, api: str) -> No
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a record deleted and created again restarts at version 1, so an intent decided"
-    " against the deleted record commits to the new one (DESIGN: versions are never reused)",
-)
 def test_recreated_record_refuses_intents_of_the_deleted_one(store: Any) -> None:
     orders = store.collection("orders")
     old = orders.create("o-1", {"status": "new"}).intent("ship")

@@ -41,6 +41,7 @@ class MemoryBackend:
         # (version, fence, state JSON): records are decoded afresh on every read, as a
         # real store does, so no caller ever shares a mutable state with the store
         self._records: dict[tuple[str, str | int], tuple[int, int, str]] = {}
+        self._tombstones: dict[tuple[str, str | int], int] = {}  # last version of deleted
         self._tables: dict[str, _Table] = {}
         self._applied: dict[tuple[str, str], float] = {}
         self._fences: dict[tuple[str, str | int], int] = {}
@@ -120,12 +121,17 @@ class MemoryBackend:
         with self._lock:
             if (target.name, key) in self._records:
                 raise AlreadyExists(f"{target.name}/{key} already exists")
-            self._records[(target.name, key)] = (1, 0, state_json)
-            return Record(target.name, key, 1, 0, json.loads(state_json))
+            # a re-created record continues the deleted one's versions: never reused
+            version = self._tombstones.get((target.name, key), 0) + 1
+            self._records[(target.name, key)] = (version, 0, state_json)
+            return Record(target.name, key, version, 0, json.loads(state_json))
 
     def delete(self, target: Target, key: str | int) -> bool:
         with self._lock:
-            return self._records.pop((target.name, key), None) is not None
+            gone = self._records.pop((target.name, key), None)
+            if gone is not None:
+                self._tombstones[(target.name, key)] = gone[0]
+            return gone is not None
 
     def _commit(self, request: CommitRequest, now: float) -> CommitResult:
         status, record = self._judge(request, now)

@@ -182,6 +182,12 @@ SCHEMA: Final = (
     f" owner VARCHAR(200) NULL,"
     f" token BIGINT NOT NULL,"
     f" expires_at DECIMAL(20,6) NOT NULL) {_TABLE_OPTIONS}",
+    # the last version of a deleted record: a re-created record continues after it
+    f"CREATE TABLE IF NOT EXISTS fencing_tombstones ("
+    f" collection VARCHAR(128) {_ASCII} NOT NULL,"
+    f" `key` VARBINARY(2048) NOT NULL,"
+    f" version BIGINT NOT NULL,"
+    f" PRIMARY KEY (collection, `key`)) {_TABLE_OPTIONS}",
 )
 _SCHEMA_ROW: Final = "INSERT IGNORE INTO fencing_schema (component, version) VALUES ('core', %s)"
 _SCHEMA_READ: Final = "SELECT version FROM fencing_schema WHERE component = 'core'"
@@ -233,11 +239,24 @@ _JUDGE_META: Final = (
     f"SELECT {_NOW}, EXISTS (SELECT 1 FROM fencing_applied WHERE scope = %s AND intent_id = %s)"
 )
 _READ_LEASE: Final = "SELECT owner, token, expires_at FROM fencing_leases WHERE name = %s"
+# A record created again after a delete continues the deleted one's versions, so an
+# intent decided against the deleted record can never match the new one.
 _CREATE: Final = (
     "INSERT INTO fencing_records (collection, `key`, version, fence, state, updated_at)"
-    f" VALUES (%s, %s, 1, 0, %s, {_NOW})"
+    " SELECT %s, %s, LAST_INSERT_ID(COALESCE((SELECT t.version FROM fencing_tombstones t"
+    " WHERE t.collection = %s AND t.`key` = %s), 0) + 1), 0, %s, " + _NOW
+)
+_CREATED_VERSION: Final = "SELECT LAST_INSERT_ID()"
+_DELETE_LOCK: Final = (
+    "SELECT version INTO @f_gone FROM fencing_records"
+    " WHERE collection = %s AND `key` = %s FOR UPDATE"
 )
 _DELETE: Final = "DELETE FROM fencing_records WHERE collection = %s AND `key` = %s"
+_TOMBSTONE: Final = (
+    "INSERT INTO fencing_tombstones (collection, `key`, version)"
+    " SELECT %s, %s, @f_gone FROM DUAL WHERE @f_gone IS NOT NULL"
+    " ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version))"
+)
 _COLUMNS: Final = (
     "SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS"
     " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s"
@@ -744,19 +763,22 @@ def columns_flow(target: Target) -> Flow[frozenset[str]]:
 
 
 def create_flow(target: Target, key: str | int, state_json: str) -> Flow[Record]:
-    yield _one(
-        _CREATE,
-        target.name,
-        key,
-        state_json,
-        duplicate=f"{target.name}/{key} already exists",
-    )
-    return Record(target.name, key, 1, 0, json.loads(state_json))
+    script = _Script()
+    script.add(_CREATE, target.name, key, target.name, key, state_json)
+    read = script.add(_CREATED_VERSION)
+    results = yield script.batch(duplicate=f"{target.name}/{key} already exists")
+    version = int(results[read].rows[0][0])
+    return Record(target.name, key, version, 0, json.loads(state_json))
 
 
 def delete_flow(target: Target, key: str | int) -> Flow[bool]:
-    results = yield _one(_DELETE, target.name, key)
-    return results[0].affected > 0
+    script = _Script("START TRANSACTION", "SET @f_gone = NULL")
+    script.add(_DELETE_LOCK, target.name, key)
+    deleted = script.add(_DELETE, target.name, key)
+    script.add(_TOMBSTONE, target.name, key)
+    script.add("COMMIT")
+    results = yield script.batch()
+    return results[deleted].affected > 0
 
 
 def prune_flow(older_than: float) -> Flow[int]:

@@ -145,6 +145,10 @@ _DDL: Final = (
     "CREATE TABLE IF NOT EXISTS fencing_leases ("
     " name TEXT PRIMARY KEY, owner TEXT, token BIGINT NOT NULL,"
     " expires_at DOUBLE PRECISION NOT NULL)",
+    # the last version of a deleted record: a re-created record continues after it
+    "CREATE TABLE IF NOT EXISTS fencing_tombstones ("
+    " collection TEXT NOT NULL, key TEXT NOT NULL, version BIGINT NOT NULL,"
+    " PRIMARY KEY (collection, key))",
     f"INSERT INTO fencing_schema AS v (component, version) VALUES ('core', {SCHEMA_VERSION})"
     " ON CONFLICT (component) DO UPDATE SET version = excluded.version"
     " WHERE v.version < excluded.version",
@@ -188,11 +192,21 @@ _COLLECTION_PROBE: Final = (
     " LEFT JOIN fencing_records r ON r.collection = %(name)s AND r.key = %(key)s"
     " LEFT JOIN fencing_leases l ON l.name = %(lease)s"
 )
+# A record created again after a delete continues the deleted one's versions, so an
+# intent decided against the deleted record can never match the new one.
 _CREATE: Final = (
     "INSERT INTO fencing_records (collection, key, version, fence, state, updated_at)"
-    f" VALUES (%(name)s, %(key)s, 1, 0, %(state)s::jsonb, {_NOW}) ON CONFLICT DO NOTHING"
+    " VALUES (%(name)s, %(key)s, coalesce((SELECT t.version FROM fencing_tombstones t"
+    " WHERE t.collection = %(name)s AND t.key = %(key)s), 0) + 1, 0, %(state)s::jsonb,"
+    f" {_NOW}) ON CONFLICT DO NOTHING RETURNING version"
 )
-_DELETE: Final = "DELETE FROM fencing_records WHERE collection = %(name)s AND key = %(key)s"
+_DELETE: Final = (
+    "WITH gone AS (DELETE FROM fencing_records WHERE collection = %(name)s AND key = %(key)s"
+    " RETURNING collection, key, version)"
+    " INSERT INTO fencing_tombstones AS t (collection, key, version)"
+    " SELECT collection, key, version FROM gone ON CONFLICT (collection, key)"
+    " DO UPDATE SET version = greatest(t.version, excluded.version)"
+)
 _PRUNE: Final = f"DELETE FROM fencing_applied WHERE applied_at < {_NOW} - %(age)s::float8"
 
 # -- leases ---------------------------------------------------------------------------
@@ -604,9 +618,9 @@ def probe_flow(request: CommitRequest) -> Flow[CommitResult]:
 
 def create_flow(target: Target, key: str | int, state_json: str) -> Flow[Record]:
     done: Answer = yield Query(_CREATE, {"name": target.name, "key": key, "state": state_json})
-    if done.rowcount == 0:
+    if not done.rows:
         raise AlreadyExists(f"{target.name}/{key} already exists")
-    return Record(target.name, key, 1, 0, json.loads(state_json))
+    return Record(target.name, key, int(done.rows[0][0]), 0, json.loads(state_json))
 
 
 def delete_flow(target: Target, key: str | int) -> Flow[bool]:

@@ -201,6 +201,7 @@ def _load_scripts() -> dict[str, Script]:
         "probe",
         "read",
         "create",
+        "delete",
         "acquire",
         "renew",
         "release",
@@ -259,6 +260,10 @@ class Layout:
 
     def record(self, target: Target, key: str | int) -> str:
         return self.record_keys(target, key)[0]
+
+    def tombstone(self, target: Target, key: str | int) -> str:
+        """A deleted collection record's last version (same slot as the record)."""
+        return f"{self.prefix}:c:{target.name}:{{{self.tag(target, key)}}}:tomb"
 
     def applied(self, target: Target, key: str | int) -> str:
         return self.record_keys(target, key)[1]
@@ -807,23 +812,19 @@ def create_flow(
     settings: Settings, target: Target, key: str | int, state_json: str
 ) -> Flow[Record]:
     layout = settings.layout
-    call = _call(layout, "create", [layout.record(target, key)], [state_json])
-    if _int((yield from _one(settings, call, write=True))) == 0:
+    keys = [layout.record(target, key), layout.tombstone(target, key)]
+    version = _int(
+        (yield from _one(settings, _call(layout, "create", keys, [state_json]), write=True))
+    )
+    if version == 0:
         raise AlreadyExists(f"{target.name}/{key} already exists")
-    return Record(target.name, key, 1, 0, json.loads(state_json))
+    return Record(target.name, key, version, 0, json.loads(state_json))
 
 
 def delete_flow(settings: Settings, target: Target, key: str | int) -> Flow[bool]:
-    commands: list[Command] = [("DEL", settings.layout.record(target, key))]
-    wait = settings.wait
-    if wait is not None:
-        commands.append(wait)
-    replies = yield from _send(commands)
-    if wait is not None and _int(replies[1]) < settings.wait_replicas:
-        raise TransientStoreError(
-            f"redis: the delete was not acknowledged by {settings.wait_replicas} replicas"
-        )
-    return _int(replies[0]) > 0
+    layout = settings.layout
+    keys = [layout.record(target, key), layout.tombstone(target, key)]
+    return _int((yield from _one(settings, _call(layout, "delete", keys, []), write=True))) > 0
 
 
 def lease_flow(

@@ -20,6 +20,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
 from .._errors import (
@@ -75,6 +76,12 @@ CREATE TABLE IF NOT EXISTS fencing_leases (
     owner TEXT,
     token INTEGER NOT NULL,
     expires_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fencing_tombstones (
+    collection TEXT NOT NULL,
+    key NOT NULL,
+    version INTEGER NOT NULL,
+    PRIMARY KEY (collection, key)
 ) WITHOUT ROWID;
 """
 
@@ -295,7 +302,8 @@ class SQLiteBackend:
         vcol = target.version_column
         version = int(values.pop(vcol)) if vcol else 0
         values.pop(target.key_column, None)
-        return Record(target.name, key, version, fence, values, "table")
+        # ``values`` is ours alone: hand it over read-only, without Record copying it.
+        return Record(target.name, key, version, fence, MappingProxyType(values), "table")
 
     def read(self, target: Target, key: str | int) -> Record | None:
         return self._run(lambda conn, now: self._read(conn, target, key), write=False)
@@ -357,22 +365,38 @@ class SQLiteBackend:
 
     def create(self, target: Target, key: str | int, state_json: str) -> Record:
         with self._txn() as conn:
+            # A record created again after a delete continues the deleted one's
+            # versions, so an intent decided against the deleted record never matches.
+            gone = conn.execute(
+                "SELECT version FROM fencing_tombstones WHERE collection = ? AND key = ?",
+                (target.name, key),
+            ).fetchone()
+            version = (gone[0] if gone else 0) + 1
             try:
                 conn.execute(
                     "INSERT INTO fencing_records (collection, key, version, fence, state,"
-                    " updated_at) VALUES (?, ?, 1, 0, ?, ?)",
-                    (target.name, key, state_json, time.time()),
+                    " updated_at) VALUES (?, ?, ?, 0, ?, ?)",
+                    (target.name, key, version, state_json, time.time()),
                 )
             except sqlite3.IntegrityError:
                 raise AlreadyExists(f"{target.name}/{key} already exists") from None
-        return Record(target.name, key, 1, 0, json.loads(state_json))
+        return Record(target.name, key, version, 0, json.loads(state_json))
 
     def delete(self, target: Target, key: str | int) -> bool:
         with self._txn() as conn:
-            cur = conn.execute(
-                "DELETE FROM fencing_records WHERE collection = ? AND key = ?", (target.name, key)
+            gone = conn.execute(
+                "DELETE FROM fencing_records WHERE collection = ? AND key = ? RETURNING version",
+                (target.name, key),
+            ).fetchone()
+            if gone is None:
+                return False
+            conn.execute(
+                "INSERT INTO fencing_tombstones (collection, key, version) VALUES (?, ?, ?)"
+                " ON CONFLICT (collection, key) DO UPDATE"
+                " SET version = max(version, excluded.version)",
+                (target.name, key, gone[0]),
             )
-            return cur.rowcount > 0
+            return True
 
     def _update_sql(self, request: CommitRequest) -> str:
         """The conditional UPDATE for this shape of request (cached per shape)."""
