@@ -115,7 +115,7 @@ def test_server_quick_json(capsys: pytest.CaptureFixture[str], server: str) -> N
     for row in pairs:
         check_pair(row)
     # the approaches readers compare: FOR UPDATE transactions, a redis-py Lock
-    other = "redis-py Lock" if server == "redis" else "SELECT ... FOR UPDATE txn"
+    other = "redis-py Lock" if server == "redis" else "FOR UPDATE txn"
     assert other in {r["baseline"] for r in pairs}
     speedup = [r for r in rows if r["kind"] == "speedup"]
     assert len(speedup) == 1

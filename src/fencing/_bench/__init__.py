@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from .._errors import ConfigurationError, InvalidInput, StoreError
+from .._errors import ConfigurationError, FencingError, InvalidInput, StoreError
 from ._harness import Contest, Plan, Skip, measure, rows_for
 
 __all__ = ["OPERATIONS", "add_arguments", "run"]
@@ -199,16 +199,25 @@ def collect(
             for name, build in scenario.contests():
                 if only and name not in only:
                     continue
-                contest = build()
-                if isinstance(contest, Skip):
-                    rows.append(
-                        _skipped(
-                            scenario.store_name, scenario.setting, contest.operation, contest.reason
+                where = f"{scenario.store_name} ({scenario.setting}), {name}"
+                try:
+                    contest = build()
+                    if isinstance(contest, Skip):
+                        rows.append(
+                            _skipped(
+                                scenario.store_name,
+                                scenario.setting,
+                                contest.operation,
+                                contest.reason,
+                            )
                         )
-                    )
-                    continue
-                say(f"{scenario.store_name} {scenario.setting}: {', '.join(contest.stages)}")
-                result = measure(contest, plan)
+                        continue
+                    say(f"{where}: {', '.join(contest.stages)}")
+                    result = measure(contest, plan)
+                except FencingError:
+                    raise
+                except Exception as exc:  # a driver's error: say where, keep the cause
+                    raise StoreError(f"{where}: {type(exc).__name__}: {exc}") from exc
                 rows += rows_for(result, scenario.store_name, scenario.setting)
         finally:
             scenario.close()

@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import fencing
 
-from .._errors import MissingDependency, TransientStoreError
+from .._errors import MissingDependency, StoreError, TransientStoreError
 from .._open import StoreURL
 from ._common import (
     KEYS,
@@ -122,8 +122,8 @@ RELEASE: Final = (
     f" WHERE name = %s AND token = %s AND owner IS NOT NULL AND expires_at > {NOW}"
 )
 
-TXN: Final = "hand-written txn"
-FOR_UPDATE: Final = "SELECT ... FOR UPDATE txn"
+TXN: Final = "plain txn"
+FOR_UPDATE: Final = "FOR UPDATE txn"
 
 
 def _pymysql() -> Any:
@@ -441,10 +441,13 @@ class MySQLBench(Bench):
         self.scratch = f"fencing_bench_{suffix}"
         self.setting = f"server {parsed.host or 'localhost'}:{parsed.port or 3306}"
         self.table_name = f"bench_orders_{suffix}"
+        pymysql = _pymysql()
         admin = connect(parsed, None)
         try:
             with admin.cursor() as cur:
                 cur.execute(f"CREATE DATABASE `{self.scratch}`")
+        except pymysql.err.MySQLError as exc:
+            raise StoreError(f"mysql: cannot create a scratch database: {exc}") from exc
         finally:
             admin.close()
         try:
@@ -458,8 +461,10 @@ class MySQLBench(Bench):
             conn.commit()
             parts = urlsplit(url)
             store = fencing.open(urlunsplit(parts._replace(path="/" + self.scratch)))
-        except BaseException:
+        except BaseException as exc:
             self._drop_scratch(parsed)
+            if isinstance(exc, pymysql.err.MySQLError):
+                raise StoreError(f"mysql: cannot set up the bench: {exc}") from exc
             raise
         self._parsed = parsed
         self.cleanup_records = False  # the scratch database is dropped whole

@@ -12,6 +12,7 @@ Both sides live in a scratch schema ``fencing_bench_<id>`` (fencing's via its
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from typing import Any, Final
 
 import fencing
 
-from .._errors import MissingDependency
+from .._errors import MissingDependency, StoreError, TransientStoreError
 from .._open import StoreURL
 from ._common import (
     KEYS,
@@ -136,8 +137,8 @@ RELEASE: Final = (
     f" WHERE name = %s AND token = %s AND owner IS NOT NULL AND expires_at > {NOW}"
 )
 
-ONE_TRIP: Final = "hand-written (1 round trip)"
-FOR_UPDATE: Final = "SELECT ... FOR UPDATE txn"
+ONE_TRIP: Final = "1-trip CTE"
+FOR_UPDATE: Final = "FOR UPDATE txn"
 
 
 def _psycopg() -> Any:
@@ -424,8 +425,6 @@ class PostgresBench(Bench):
         try:
             conn = psycopg.connect(conninfo(parsed), autocommit=True)
         except psycopg.Error as exc:
-            from .._errors import TransientStoreError
-
             raise TransientStoreError(f"postgresql: cannot connect: {exc}") from exc
         hand = PostgresHand(conn, scratch)
         try:
@@ -437,9 +436,12 @@ class PostgresBench(Bench):
             conn.execute(orders_rows, (2 * KEYS,))
             own = parsed.options.get("schema")
             store = fencing.open(url) if own else fencing.open(url, schema=scratch)
-        except BaseException:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{scratch}" CASCADE')
+        except BaseException as exc:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(f'DROP SCHEMA IF EXISTS "{scratch}" CASCADE')
             conn.close()
+            if isinstance(exc, psycopg.Error):
+                raise StoreError(f"postgresql: cannot set up the bench: {exc}") from exc
             raise
         self.fencing_schema = own or scratch
         self.cleanup_records = own is not None  # a scratch schema is dropped whole

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import fencing
 
-from .._errors import MissingDependency, TransientStoreError
+from .._errors import MissingDependency, StoreError, TransientStoreError
 from .._open import StoreURL
 from ._common import (
     KEYS,
@@ -96,7 +96,7 @@ end
 return 1
 """
 
-LUA: Final = "hand-written Lua (1 round trip)"
+LUA: Final = "1-trip Lua"
 LOCK: Final = "redis-py Lock"
 
 
@@ -358,8 +358,10 @@ class RedisBench(Bench):
                 store = fencing.open(
                     url, prefix=f"{self.scratch}f", table_prefix=f"{self.scratch}t:"
                 )
-        except BaseException:
+        except BaseException as exc:
             client.close()
+            if isinstance(exc, redis.RedisError):
+                raise StoreError(f"redis: cannot set up the bench: {exc}") from exc
             raise
         self.table_prefix = parsed.options.get("table_prefix", "") if own else f"{self.scratch}t:"
         self.cleanup_records = own  # scratch keys are deleted by pattern

@@ -133,14 +133,14 @@ def print_rich(rows: Sequence[Row], *, quick: bool = False) -> None:
 
     console = Console()
     if not console.is_terminal:
-        console = Console(width=max(console.width, 132))  # a file or a pipe: do not wrap
+        console = Console(width=max(console.width, 150))  # a file or a pipe: do not wrap
     for store, setting, items in group_rows(rows):
         labels = _baselines(items)
         table = Table(title=f"{store}: {setting}", title_justify="left")
         if len(labels) > 1:
-            table.add_column("vs")
+            table.add_column("hand-written", no_wrap=True)
         for i, header in enumerate(HEADERS):
-            table.add_column(header, justify="left" if i == 0 else "right")
+            table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
         for row in items:
             if row["kind"] != "pair":
                 continue
@@ -171,7 +171,7 @@ def to_markdown(rows: Sequence[Row], *, quick: bool = False) -> str:
         labels = _baselines(items)
         out.append(f"**{store}: {setting}**")
         out.append("")
-        headers = (["vs"] if len(labels) > 1 else []) + HEADERS
+        headers = (["hand-written"] if len(labels) > 1 else []) + HEADERS
         pairs = [r for r in items if r["kind"] == "pair"]
         if pairs:
             out.append("| " + " | ".join(headers) + " |")
