@@ -25,8 +25,10 @@ __all__ = [
     "Cursor",
     "FencingOps",
     "HandWritten",
+    "LeaseCalls",
     "check_committed",
     "decide_state",
+    "hand_lease_cycle",
     "new_id",
 ]
 
@@ -325,3 +327,31 @@ def one_check(ok: bool, what: str) -> None:
     """Raise ``BenchFailed`` unless a hand-written step did what it must."""
     if not ok:
         raise BenchFailed(f"hand-written {what} did not apply")
+
+
+class LeaseCalls(Protocol):
+    """A hand-written baseline's lease statements."""
+
+    def acquire(self, name: str, ttl: float) -> int: ...
+    def renew(self, name: str, token: int, ttl: float) -> None: ...
+    def release(self, name: str, token: int) -> None: ...
+
+
+def hand_lease_cycle(hand: LeaseCalls, lease_name: str, label: str, method: str) -> list[Side]:
+    """Acquire, renew and release by hand, the same cycle fencing's side runs."""
+
+    def prepare(n: int) -> Block:
+        tokens: list[int] = []
+
+        def acquire(i: int) -> None:
+            tokens.append(hand.acquire(lease_name, LEASE_TTL))
+
+        def renew(i: int) -> None:
+            hand.renew(lease_name, tokens[0], LEASE_TTL)
+
+        def release(i: int) -> None:
+            hand.release(lease_name, tokens.pop())
+
+        return Block([acquire, renew, release])
+
+    return [Side(label, method, prepare)]

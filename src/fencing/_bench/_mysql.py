@@ -25,12 +25,12 @@ from .._errors import MissingDependency, StoreError, TransientStoreError
 from .._open import StoreURL
 from ._common import (
     KEYS,
-    LEASE_TTL,
     START,
     Bench,
     Cursor,
     collection_state,
     decide_state,
+    hand_lease_cycle,
     new_id,
     one_check,
 )
@@ -409,25 +409,11 @@ class MySQLHand:
         return [Side(TXN, method, prepare)]
 
     def lease_cycle(self, lease_name: str) -> list[Side]:
-        def prepare(n: int) -> Block:
-            tokens: list[int] = []
-
-            def acquire(i: int) -> None:
-                tokens.append(self.acquire(lease_name, LEASE_TTL))
-
-            def renew(i: int) -> None:
-                self.renew(lease_name, tokens[0], LEASE_TTL)
-
-            def release(i: int) -> None:
-                self.release(lease_name, tokens.pop())
-
-            return Block([acquire, renew, release])
-
         method = (
             "acquire: SELECT ... FOR UPDATE; INSERT or UPDATE token = token + 1; COMMIT;"
             " renew/release: UPDATE ... WHERE token AND live; COMMIT"
         )
-        return [Side(TXN, method, prepare)]
+        return hand_lease_cycle(self, lease_name, TXN, method)
 
 
 class MySQLBench(Bench):

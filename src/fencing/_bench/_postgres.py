@@ -24,12 +24,12 @@ from .._errors import MissingDependency, StoreError, TransientStoreError
 from .._open import StoreURL
 from ._common import (
     KEYS,
-    LEASE_TTL,
     START,
     Bench,
     Cursor,
     collection_state,
     decide_state,
+    hand_lease_cycle,
     new_id,
     one_check,
 )
@@ -389,25 +389,11 @@ class PostgresHand:
         return [Side(ONE_TRIP, method, prepare)]
 
     def lease_cycle(self, lease_name: str) -> list[Side]:
-        def prepare(n: int) -> Block:
-            tokens: list[int] = []
-
-            def acquire(i: int) -> None:
-                tokens.append(self.acquire(lease_name, LEASE_TTL))
-
-            def renew(i: int) -> None:
-                self.renew(lease_name, tokens[0], LEASE_TTL)
-
-            def release(i: int) -> None:
-                self.release(lease_name, tokens.pop())
-
-            return Block([acquire, renew, release])
-
         method = (
             "one statement each: INSERT ... ON CONFLICT DO UPDATE SET token = token + 1"
             " WHERE free RETURNING token; UPDATE ... WHERE token AND live"
         )
-        return [Side(ONE_TRIP, method, prepare)]
+        return hand_lease_cycle(self, lease_name, ONE_TRIP, method)
 
 
 class PostgresBench(Bench):

@@ -24,12 +24,12 @@ from .._errors import MissingDependency, StoreError, TransientStoreError
 from .._open import StoreURL
 from ._common import (
     KEYS,
-    LEASE_TTL,
     START,
     Bench,
     Cursor,
     collection_state,
     decide_state,
+    hand_lease_cycle,
     new_id,
     one_check,
 )
@@ -311,22 +311,8 @@ class RedisHand:
         return [Side(LUA, method, prepare)]
 
     def lease_cycle(self, lease_name: str) -> list[Side]:
-        def prepare(n: int) -> Block:
-            tokens: list[int] = []
-
-            def acquire(i: int) -> None:
-                tokens.append(self.acquire(lease_name, LEASE_TTL))
-
-            def renew(i: int) -> None:
-                self.renew(lease_name, tokens[0], LEASE_TTL)
-
-            def release(i: int) -> None:
-                self.release(lease_name, tokens.pop())
-
-            return Block([acquire, renew, release])
-
         method = "one EVALSHA each: HINCRBY token if free; HSET exp if this token holds it"
-        return [Side(LUA, method, prepare)]
+        return hand_lease_cycle(self, lease_name, LUA, method)
 
 
 class RedisBench(Bench):

@@ -26,12 +26,12 @@ from .._open import StoreURL
 from ..backends.sqlite import SQLiteBackend
 from ._common import (
     KEYS,
-    LEASE_TTL,
     START,
     Bench,
     Cursor,
     collection_state,
     decide_state,
+    hand_lease_cycle,
     new_id,
     one_check,
 )
@@ -328,25 +328,11 @@ class SQLiteHand:
         return [Side("hand-written", method, prepare)]
 
     def lease_cycle(self, lease_name: str) -> list[Side]:
-        def prepare(n: int) -> Block:
-            tokens: list[int] = []
-
-            def acquire(i: int) -> None:
-                tokens.append(self.acquire(lease_name, LEASE_TTL))
-
-            def renew(i: int) -> None:
-                self.renew(lease_name, tokens[0], LEASE_TTL)
-
-            def release(i: int) -> None:
-                self.release(lease_name, tokens.pop())
-
-            return Block([acquire, renew, release])
-
         method = (
             "each in BEGIN IMMEDIATE ... COMMIT: INSERT ... ON CONFLICT DO UPDATE SET"
             " token=token+1 WHERE free RETURNING token; UPDATE ... WHERE token=? AND live"
         )
-        return [Side("hand-written", method, prepare)]
+        return hand_lease_cycle(self, lease_name, "hand-written", method)
 
 
 class SQLiteBench(Bench):
