@@ -148,7 +148,8 @@ class AsyncLease(LeaseBase):
         self, store: AsyncStore, name: str, owner: str, ttl: float, answer: LeaseAnswer
     ) -> None:
         super().__init__(store, name, owner, ttl, answer)
-        self._heartbeat = AsyncRunner()
+        # made when a heartbeat starts: most leases never run one (3.6 µs an acquire)
+        self._heartbeat: AsyncRunner | None = None
 
     async def renew(self, ttl: float | None = None) -> None:
         """Extend the lease by ``ttl`` (default: its TTL) from now, by the store's clock."""
@@ -170,13 +171,14 @@ class AsyncLease(LeaseBase):
         on_lost: Callable[[AsyncLease], Any] | None = None,
     ) -> None:
         """Renew in the background every ``interval`` (default TTL/3) until released."""
-        if self._heartbeat.running:
+        if self._heartbeat is not None and self._heartbeat.running:
             return
         every = self._heartbeat_interval(interval)
+        runner = self._heartbeat = AsyncRunner()
 
         async def handle(step: Any) -> Any:
             if isinstance(step, Sleep):
-                return await self._heartbeat.sleep(step.seconds)
+                return await runner.sleep(step.seconds)
             try:
                 await self.renew()
             except LeaseLost:
@@ -195,11 +197,12 @@ class AsyncLease(LeaseBase):
             if on_lost is not None:
                 await maybe_await(on_lost(self))
 
-        self._heartbeat.start(f"fencing-heartbeat-{self.name}", run)
+        runner.start(f"fencing-heartbeat-{self.name}", run)
 
     async def stop_heartbeat(self) -> None:
         """Stop renewing (the lease stays held until it expires or is released)."""
-        await self._heartbeat.stop()
+        if self._heartbeat is not None:
+            await self._heartbeat.stop()
 
     async def __aenter__(self) -> AsyncLease:
         return self

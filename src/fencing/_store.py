@@ -147,7 +147,8 @@ class Lease(LeaseBase):
         self, store: Store, name: str, owner: str, ttl: float, answer: LeaseAnswer
     ) -> None:
         super().__init__(store, name, owner, ttl, answer)
-        self._heartbeat = ThreadRunner()
+        # made when a heartbeat starts: most leases never run one (3.6 µs an acquire)
+        self._heartbeat: ThreadRunner | None = None
 
     def renew(self, ttl: float | None = None) -> None:
         """Extend the lease by ``ttl`` (default: its TTL) from now, by the store's clock."""
@@ -169,13 +170,14 @@ class Lease(LeaseBase):
         on_lost: Callable[[Lease], Any] | None = None,
     ) -> None:
         """Renew in the background every ``interval`` (default TTL/3) until released."""
-        if self._heartbeat.running:
+        if self._heartbeat is not None and self._heartbeat.running:
             return
         every = self._heartbeat_interval(interval)
+        runner = self._heartbeat = ThreadRunner()
 
         def handle(step: Any) -> Any:
             if isinstance(step, Sleep):
-                return self._heartbeat.sleep(step.seconds)
+                return runner.sleep(step.seconds)
             try:
                 self.renew()
             except LeaseLost:
@@ -194,11 +196,12 @@ class Lease(LeaseBase):
             if on_lost is not None:
                 passthrough(on_lost(self))
 
-        self._heartbeat.start(f"fencing-heartbeat-{self.name}", run)
+        runner.start(f"fencing-heartbeat-{self.name}", run)
 
     def stop_heartbeat(self) -> None:
         """Stop renewing (the lease stays held until it expires or is released)."""
-        self._heartbeat.stop()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
 
     def __enter__(self) -> Lease:
         return self
