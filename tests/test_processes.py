@@ -24,45 +24,12 @@ from typing import Any
 import pytest
 
 import fencing
-from fencing import Committed, Intent, Outcome, Recompute
+from fencing import Recompute
+from fencing.testing import final_event, outcome_event
 
 SPAWN = multiprocessing.get_context("spawn")
 COLLECTION, KEY = "hot", "counter"
 JOIN_TIMEOUT = 240.0
-
-
-def outcome_event(outcome: Outcome, intent: Intent, worker: str) -> dict[str, Any]:
-    """An ``outcome`` event of the history format (see ``fencing.testing``)."""
-    used = getattr(outcome, "intent", None) or intent  # a Recompute commits a derived intent
-    record = outcome.current
-    version = record.version if record is not None else None
-    return {
-        "event": "outcome",
-        "t": time.time(),
-        "worker": worker,
-        "collection": used.collection,
-        "key": used.key,
-        "intent_id": used.id,
-        "root_id": used.root_id,
-        "transition": used.transition,
-        "expected_version": used.expected_version,
-        "outcome": outcome.kind,
-        "version": version,
-        "applied_over": version - 1 if isinstance(outcome, Committed) and version else None,
-        "token": None,
-        "fence": record.fence if record is not None else None,
-    }
-
-
-def final_event(record: fencing.Record | None) -> dict[str, Any]:
-    return {
-        "event": "final",
-        "collection": COLLECTION,
-        "key": KEY,
-        "version": record.version if record is not None else None,
-        "fence": record.fence if record is not None else None,
-        "state": dict(record.state) if record is not None else None,
-    }
 
 
 def hammer(
@@ -79,7 +46,7 @@ def hammer(
         for _ in range(rounds):
             intent = orders.intent(KEY, "inc")
             out = orders.apply(intent, lambda r: {"n": r.state["n"] + 1}, on_stale=policy)
-            line = json.dumps(outcome_event(out, intent, f"{worker}.t{tid}")) + "\n"
+            line = json.dumps(outcome_event(out, intent, worker=f"{worker}.t{tid}")) + "\n"
             with lock:
                 os.write(fd, line.encode())
 
@@ -199,7 +166,7 @@ def checker_report(events: list[dict[str, Any]], final: Mapping[str, Any]) -> An
 def judge_fencing_run(events: list[dict[str, Any]], store_url: str, expected: int) -> int:
     store = fencing.open(store_url)
     try:
-        final = final_event(store.collection(COLLECTION).get(KEY))
+        final = final_event(COLLECTION, KEY, store.collection(COLLECTION).get(KEY))
     finally:
         store.close()
     assert len(events) == expected, "every apply is recorded once"
@@ -274,7 +241,7 @@ def test_naive_read_modify_write_fails_the_same_judge(tmp_path: Path) -> None:
     assert len(events) == processes * rounds
     store = fencing.open(url)
     try:
-        final = final_event(store.collection(COLLECTION).get(KEY))
+        final = final_event(COLLECTION, KEY, store.collection(COLLECTION).get(KEY))
     finally:
         store.close()
     found = problems(events, final)

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ._errors import InvalidInput
+from ._errors import FencingError, InvalidInput
 from ._rules import Status
 from ._values import (
     SKIP,
@@ -200,11 +200,20 @@ def apply_flow(
 
 
 def drive(flow: Flow[R], handle: Callable[[Any], Any]) -> R:
-    """Run a flow synchronously: ``handle(step)`` carries out each step."""
+    """Run a flow synchronously: ``handle(step)`` carries out each step.
+
+    A ``FencingError`` raised by a step is thrown back into the flow at that step, so
+    a flow may handle it (backends re-run a statement); otherwise it propagates.
+    """
     try:
         step = next(flow)
         while True:
-            step = flow.send(handle(step))
+            try:
+                result = handle(step)
+            except FencingError as exc:
+                step = flow.throw(exc)
+            else:
+                step = flow.send(result)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
@@ -214,7 +223,12 @@ async def adrive(flow: Flow[R], handle: Callable[[Any], Awaitable[Any]]) -> R:
     try:
         step = next(flow)
         while True:
-            step = flow.send(await handle(step))
+            try:
+                result = await handle(step)
+            except FencingError as exc:
+                step = flow.throw(exc)
+            else:
+                step = flow.send(result)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 

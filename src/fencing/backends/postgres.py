@@ -68,7 +68,7 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar
@@ -86,6 +86,7 @@ from .._errors import (
     StoreError,
     TransientStoreError,
 )
+from .._policy import adrive, drive
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._validate import check_column
 from .._values import Record
@@ -413,36 +414,6 @@ def translate(exc: Exception) -> FencingError:
     if isinstance(exc, psycopg.DataError) or state in ("42804", "42883"):
         return InvalidInput(f"{text} (a value the column cannot hold or compare)")
     return StoreError(text)
-
-
-def drive(flow: Flow[T], run: Callable[[Step], Any]) -> T:
-    """Run a flow synchronously; ``run`` executes a step, its errors go back into the flow."""
-    try:
-        step = next(flow)
-        while True:
-            try:
-                result = run(step)
-            except FencingError as exc:
-                step = flow.throw(exc)
-            else:
-                step = flow.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-async def adrive(flow: Flow[T], run: Callable[[Step], Awaitable[Any]]) -> T:
-    """Run a flow on an event loop; the twin of :func:`drive`."""
-    try:
-        step = next(flow)
-        while True:
-            try:
-                result = await run(step)
-            except FencingError as exc:
-                step = flow.throw(exc)
-            else:
-                step = flow.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
 
 
 def has_rows(cursor: Any) -> bool:
