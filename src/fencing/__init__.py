@@ -8,6 +8,7 @@ the store itself checks. Start with :func:`open`.
 from __future__ import annotations
 
 from ._astore import AsyncCollection, AsyncLease, AsyncStore, AsyncTable
+from ._effects import Effect
 from ._errors import (
     AlreadyExists,
     ConfigurationError,
@@ -61,6 +62,7 @@ __all__ = [
     "Contended",
     "Drop",
     "Duplicate",
+    "Effect",
     "FenceReason",
     "Fenced",
     "FencingError",

@@ -13,8 +13,19 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+from ._effects import Effect
 from ._errors import LeaseHeld, LeaseLost
-from ._front import LeaseBase, StoreOptions, TargetOps, check_lease_args, check_wait
+from ._front import (
+    LeaseBase,
+    StoreOptions,
+    TargetOps,
+    check_lease_args,
+    check_wait,
+    effect_ref,
+    found_effect,
+    key_query,
+    reconcile_query,
+)
 from ._policy import (
     Acquire,
     CallReconcile,
@@ -22,6 +33,7 @@ from ._policy import (
     Decide,
     Drop,
     Probe,
+    Settle,
     Sleep,
     StalePolicy,
     acquire_flow,
@@ -29,6 +41,7 @@ from ._policy import (
     apply_flow,
     check_policy,
     heartbeat_flow,
+    settle_flow,
 )
 from ._runner import AsyncRunner, Stopped, maybe_await, sleep_async
 from ._validate import check_column, check_name
@@ -72,7 +85,18 @@ class _AsyncOps(TargetOps):
         """One atomic conditional write of ``state`` for ``intent``."""
         await self._ready()
         request = self._request(intent, state, lease)
-        return self._outcome(await self._backend.commit(request), request.intent, lease)
+        outcome = self._outcome(await self._backend.commit(request), request.intent, lease)
+        if outcome.committed:
+            return outcome
+        return await self._settled(outcome)
+
+    async def _settled(self, outcome: Outcome) -> Outcome:
+        """Settle the intent's effects if ``outcome`` ended it uncommitted."""
+        return await adrive(settle_flow(outcome), self._settle)
+
+    async def _settle(self, step: Settle) -> list[Effect]:
+        scope, root = self.target.scope, step.intent.root_id
+        return await self._backend.settle_effects(scope, root, step.outcome)
 
     async def commit_many(
         self,
@@ -85,7 +109,8 @@ class _AsyncOps(TargetOps):
         requests = self._batch(items, lease)
         results = await self._backend.commit_many(requests) if requests else []
         pairs = zip(results, requests, strict=True)
-        return [self._outcome(res, req.intent, lease) for res, req in pairs]
+        outcomes = [self._outcome(res, req.intent, lease) for res, req in pairs]
+        return [o if o.committed else await self._settled(o) for o in outcomes]
 
     async def apply(
         self,
@@ -113,12 +138,39 @@ class _AsyncOps(TargetOps):
                 return await self._backend.commit(self._request(step.intent, step.state, lease))
             if isinstance(step, Sleep):
                 return await sleep_async(step.seconds)
+            if isinstance(step, Settle):
+                return await self._settle(step)
             if isinstance(step, CallReconcile) and not isinstance(policy, Drop | type(None)):
                 handler = getattr(policy, "handler")  # noqa: B009 - Reconcile only
-                return await maybe_await(handler(step.intent, step.record, ()))
+                return await maybe_await(handler(step.intent, step.record, step.effects))
             raise AssertionError(step)  # pragma: no cover
 
         return self._seen(await adrive(apply_flow(probe.intent, policy), handle), lease)
+
+    # -- effects ------------------------------------------------------------------
+    async def effect(self, intent: Intent, name: str, *, detail: Any = None) -> Effect:
+        """Record effect ``name`` of ``intent`` *before* making it.
+
+        Returns the stored effect; pass its ``idempotency_key`` to the provider. It is
+        the same for every retry, redelivery and ``Recompute`` of the intent's work:
+        recording again returns the effect as stored, whose ``status`` says whether
+        it was already ``"done"``. ``detail`` is any JSON value (up to 16 KiB).
+        """
+        return await self._backend.record_effect(self._new_effect(intent, name, detail))
+
+    async def effect_done(self, effect: Effect, *, detail: Any = None) -> Effect:
+        """Mark a recorded effect as made (``detail``: e.g. the provider's reference)."""
+        key, text = self._effect_change(effect, detail)
+        return found_effect(await self._backend.mark_effect(key, "done", text, False), key)
+
+    async def effect_failed(self, effect: Effect, *, detail: Any = None) -> Effect:
+        """Mark a recorded effect as failed (it did not happen)."""
+        key, text = self._effect_change(effect, detail)
+        return found_effect(await self._backend.mark_effect(key, "failed", text, False), key)
+
+    async def effects(self, intent: Intent) -> list[Effect]:
+        """The effects recorded for ``intent``'s work (any derivation of its root id)."""
+        return await self._backend.list_effects(self._effects_query(intent))
 
 
 class AsyncCollection(_AsyncOps):
@@ -331,6 +383,22 @@ class AsyncStore:
     async def migrate(self) -> None:
         """Create or upgrade fencing's own tables (idempotent)."""
         await self.backend.migrate()
+
+    async def effects_to_reconcile(self, *, limit: int = 100) -> list[Effect]:
+        """Effects of intents that ended stale, fenced, contended or missing, not yet
+        marked reconciled; oldest first. ``fencing reconcile URL`` lists the same."""
+        return await self.backend.list_effects(reconcile_query(limit))
+
+    async def get_effect(self, idempotency_key: str) -> Effect | None:
+        """One effect by its idempotency key, or None."""
+        found = await self.backend.list_effects(key_query(idempotency_key))
+        return found[0] if found else None
+
+    async def mark_reconciled(self, effect: Effect | str) -> Effect:
+        """Mark an effect (or its idempotency key) reconciled. Idempotent: marking it
+        again changes nothing and returns it; ``RecordNotFound`` if there is none."""
+        key = effect_ref(effect)
+        return found_effect(await self.backend.mark_effect(key, None, None, True), key)
 
     async def prune(self, older_than: float | None = None) -> int:
         """Forget applied intent ids older than the retention horizon; returns how many."""

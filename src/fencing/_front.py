@@ -11,6 +11,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._effects import (
+    Effect,
+    EffectQuery,
+    NewEffect,
+    check_effect_key,
+    check_limit,
+    dump_detail,
+    new_effect_row,
+)
 from ._errors import (
     InvalidIdentifier,
     InvalidInput,
@@ -30,10 +39,19 @@ from .backends._contract import CommitRequest, CommitResult, LeaseAnswer, Target
 if TYPE_CHECKING:
     from ._values import Kind
 
-__all__ = ["LeaseBase", "StoreOptions", "TargetOps"]
+__all__ = [
+    "LeaseBase",
+    "StoreOptions",
+    "TargetOps",
+    "effect_ref",
+    "found_effect",
+    "key_query",
+    "reconcile_query",
+]
 
 MAX_OWNER_CHARS = 200
 MAX_BATCH = 10_000
+MAX_EFFECTS = 10_000  # listed per intent
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +183,26 @@ class TargetOps:
             raise InvalidIntent("a batch cannot hold the same intent (or its derivations) twice")
         return requests
 
+    # -- effects ------------------------------------------------------------------
+    def _new_effect(self, intent: object, name: object, detail: object) -> NewEffect:
+        checked = self._check_intent(intent)
+        name = check_name(name, "effect")
+        return new_effect_row(self.target.scope, checked, name, dump_detail(detail))
+
+    def _effect_change(self, effect: object, detail: object) -> tuple[str, str | None]:
+        if not isinstance(effect, Effect):
+            raise InvalidInput(f"expected an Effect, got {type(effect).__name__}")
+        if effect.scope != self.target.scope:
+            raise InvalidInput(
+                f"effect {effect.idempotency_key} belongs to {effect.kind} {effect.collection!r},"
+                f" not {self.kind} {self.name!r}"
+            )
+        return effect.idempotency_key, dump_detail(detail)
+
+    def _effects_query(self, intent: object) -> EffectQuery:
+        checked = self._check_intent(intent)
+        return EffectQuery(self.target.scope, checked.root_id, limit=MAX_EFFECTS)
+
     @classmethod
     def _outcome(cls, result: CommitResult, intent: Intent, lease: object) -> Outcome:
         return cls._seen(outcome_for(result, intent), lease)
@@ -175,6 +213,27 @@ class TargetOps:
         if isinstance(outcome, Fenced) and isinstance(lease, LeaseBase):
             lease._saw_fenced(outcome)
         return outcome
+
+
+def found_effect(effect: Effect | None, key: str) -> Effect:
+    if effect is None:
+        raise RecordNotFound(f"no effect {key} in this store")
+    return effect
+
+
+def reconcile_query(limit: object) -> EffectQuery:
+    return EffectQuery(limit=check_limit(limit))
+
+
+def key_query(key: object) -> EffectQuery:
+    return EffectQuery(idempotency_key=check_effect_key(key), limit=1)
+
+
+def effect_ref(effect: object) -> str:
+    """The idempotency key of an ``Effect``, or a key given as text."""
+    if isinstance(effect, Effect):
+        return effect.idempotency_key
+    return check_effect_key(effect)
 
 
 def check_owner(owner: object) -> str:

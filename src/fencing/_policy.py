@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ._effects import Effect, settles
 from ._errors import FencingError, InvalidInput
 from ._rules import Status
 from ._values import (
@@ -41,6 +42,7 @@ __all__ = [
     "apply_flow",
     "drive",
     "outcome_for",
+    "settle_flow",
 ]
 
 R = TypeVar("R")
@@ -136,9 +138,18 @@ class Sleep:
 class CallReconcile:
     intent: Intent
     record: Record
+    effects: tuple[Effect, ...] = ()
 
 
-Step = Probe | Decide | Commit | Sleep | CallReconcile
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Mark the intent's recorded effects with the outcome that ended it uncommitted."""
+
+    intent: Intent
+    outcome: str
+
+
+Step = Probe | Decide | Commit | Sleep | CallReconcile | Settle
 Flow = Generator[Any, Any, R]
 
 
@@ -172,7 +183,11 @@ def _recompute_intent(intent: Intent, current: Record, attempt: int) -> Intent:
 def apply_flow(
     intent: Intent, policy: StalePolicy, rng: random.Random | None = None
 ) -> Flow[Outcome]:
-    """Probe, decide, commit; on Stale follow the policy. Never more than N decides."""
+    """Probe, decide, commit; on Stale follow the policy. Never more than N decides.
+
+    An outcome that ends the work uncommitted (stale, fenced, contended, missing)
+    settles the intent's recorded effects; ``Reconcile``'s handler gets them.
+    """
     result: CommitResult = yield Probe(intent)
     current = intent
     calls = 0
@@ -184,19 +199,30 @@ def apply_flow(
                 return Skipped(result.record, current)
             result = yield Commit(current, state)
         if result.status is not Status.STALE or result.record is None:
-            return outcome_for(result, current)
+            return (yield from settle_flow(outcome_for(result, current)))
         record = result.record
         if isinstance(policy, Recompute):
             if calls >= policy.attempts:
-                return Contended(record, calls, current)
+                return (yield from settle_flow(Contended(record, calls, current)))
             if calls > 0:
                 yield Sleep(policy.delay(calls, rng))
             current = _recompute_intent(intent, record, calls + 1)
             result = CommitResult(Status.OK, record)
             continue
         if isinstance(policy, Reconcile):
-            yield CallReconcile(current, record)
-        return Stale(record, current)
+            effects: list[Effect] = yield Settle(current, "stale")
+            yield CallReconcile(current, record, tuple(effects))
+            return Stale(record, current)
+        return (yield from settle_flow(Stale(record, current)))
+
+
+def settle_flow(outcome: Outcome) -> Flow[Outcome]:
+    """Settle the intent's effects if ``outcome`` ended it uncommitted; return ``outcome``."""
+    kind = settles(outcome)
+    intent = getattr(outcome, "intent", None)
+    if kind is not None and intent is not None:
+        yield Settle(intent, kind)
+    return outcome
 
 
 def drive(flow: Flow[R], handle: Callable[[Any], Any]) -> R:

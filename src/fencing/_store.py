@@ -12,8 +12,19 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+from ._effects import Effect
 from ._errors import LeaseHeld, LeaseLost
-from ._front import LeaseBase, StoreOptions, TargetOps, check_lease_args, check_wait
+from ._front import (
+    LeaseBase,
+    StoreOptions,
+    TargetOps,
+    check_lease_args,
+    check_wait,
+    effect_ref,
+    found_effect,
+    key_query,
+    reconcile_query,
+)
 from ._policy import (
     Acquire,
     CallReconcile,
@@ -21,6 +32,7 @@ from ._policy import (
     Decide,
     Drop,
     Probe,
+    Settle,
     Sleep,
     StalePolicy,
     acquire_flow,
@@ -28,6 +40,7 @@ from ._policy import (
     check_policy,
     drive,
     heartbeat_flow,
+    settle_flow,
 )
 from ._runner import Stopped, ThreadRunner, passthrough, sleep_sync
 from ._validate import check_column, check_name
@@ -71,7 +84,18 @@ class _Ops(TargetOps):
         """One atomic conditional write of ``state`` for ``intent``."""
         self._ready()
         request = self._request(intent, state, lease)
-        return self._outcome(self._backend.commit(request), request.intent, lease)
+        outcome = self._outcome(self._backend.commit(request), request.intent, lease)
+        if outcome.committed:
+            return outcome
+        return self._settled(outcome)
+
+    def _settled(self, outcome: Outcome) -> Outcome:
+        """Settle the intent's effects if ``outcome`` ended it uncommitted."""
+        return drive(settle_flow(outcome), self._settle)
+
+    def _settle(self, step: Settle) -> list[Effect]:
+        scope, root = self.target.scope, step.intent.root_id
+        return self._backend.settle_effects(scope, root, step.outcome)
 
     def commit_many(
         self,
@@ -84,7 +108,8 @@ class _Ops(TargetOps):
         requests = self._batch(items, lease)
         results = self._backend.commit_many(requests) if requests else []
         pairs = zip(results, requests, strict=True)
-        return [self._outcome(res, req.intent, lease) for res, req in pairs]
+        outcomes = [self._outcome(res, req.intent, lease) for res, req in pairs]
+        return [o if o.committed else self._settled(o) for o in outcomes]
 
     def apply(
         self,
@@ -112,12 +137,39 @@ class _Ops(TargetOps):
                 return self._backend.commit(self._request(step.intent, step.state, lease))
             if isinstance(step, Sleep):
                 return sleep_sync(step.seconds)
+            if isinstance(step, Settle):
+                return self._settle(step)
             if isinstance(step, CallReconcile) and not isinstance(policy, Drop | type(None)):
                 handler = getattr(policy, "handler")  # noqa: B009 - Reconcile only
-                return passthrough(handler(step.intent, step.record, ()))
+                return passthrough(handler(step.intent, step.record, step.effects))
             raise AssertionError(step)  # pragma: no cover
 
         return self._seen(drive(apply_flow(probe.intent, policy), handle), lease)
+
+    # -- effects ------------------------------------------------------------------
+    def effect(self, intent: Intent, name: str, *, detail: Any = None) -> Effect:
+        """Record effect ``name`` of ``intent`` *before* making it.
+
+        Returns the stored effect; pass its ``idempotency_key`` to the provider. It is
+        the same for every retry, redelivery and ``Recompute`` of the intent's work:
+        recording again returns the effect as stored, whose ``status`` says whether
+        it was already ``"done"``. ``detail`` is any JSON value (up to 16 KiB).
+        """
+        return self._backend.record_effect(self._new_effect(intent, name, detail))
+
+    def effect_done(self, effect: Effect, *, detail: Any = None) -> Effect:
+        """Mark a recorded effect as made (``detail``: e.g. the provider's reference)."""
+        key, text = self._effect_change(effect, detail)
+        return found_effect(self._backend.mark_effect(key, "done", text, False), key)
+
+    def effect_failed(self, effect: Effect, *, detail: Any = None) -> Effect:
+        """Mark a recorded effect as failed (it did not happen)."""
+        key, text = self._effect_change(effect, detail)
+        return found_effect(self._backend.mark_effect(key, "failed", text, False), key)
+
+    def effects(self, intent: Intent) -> list[Effect]:
+        """The effects recorded for ``intent``'s work (any derivation of its root id)."""
+        return self._backend.list_effects(self._effects_query(intent))
 
 
 class Collection(_Ops):
@@ -330,6 +382,22 @@ class Store:
     def migrate(self) -> None:
         """Create or upgrade fencing's own tables (idempotent)."""
         self.backend.migrate()
+
+    def effects_to_reconcile(self, *, limit: int = 100) -> list[Effect]:
+        """Effects of intents that ended stale, fenced, contended or missing, not yet
+        marked reconciled; oldest first. ``fencing reconcile URL`` lists the same."""
+        return self.backend.list_effects(reconcile_query(limit))
+
+    def get_effect(self, idempotency_key: str) -> Effect | None:
+        """One effect by its idempotency key, or None."""
+        found = self.backend.list_effects(key_query(idempotency_key))
+        return found[0] if found else None
+
+    def mark_reconciled(self, effect: Effect | str) -> Effect:
+        """Mark an effect (or its idempotency key) reconciled. Idempotent: marking it
+        again changes nothing and returns it; ``RecordNotFound`` if there is none."""
+        key = effect_ref(effect)
+        return found_effect(self.backend.mark_effect(key, None, None, True), key)
 
     def prune(self, older_than: float | None = None) -> int:
         """Forget applied intent ids older than the retention horizon; returns how many."""

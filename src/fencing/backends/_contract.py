@@ -4,6 +4,17 @@ A backend only stores and answers; it never decides policy. Every commit is one
 atomic conditional write that either applies or reports, from the same atomic
 step, the current record and why it did not apply. No backend offers an
 operation it cannot do atomically.
+
+Effects (``fencing._effects``) are rows keyed by their idempotency key:
+
+* ``record_effect`` inserts the row unless its key exists, atomically, and returns
+  the stored row either way (the first recording wins; a retry gets it back);
+* ``mark_effect`` sets ``status`` and ``detail`` when given, and ``reconciled_at``
+  to the store's clock if ``reconcile`` and it is still NULL (idempotent); it
+  returns the row after, or None if there is no such effect;
+* ``settle_effects`` sets ``outcome`` on the intent's effects whose outcome is still
+  NULL and returns all of the intent's effects;
+* ``list_effects`` answers an ``EffectQuery``, oldest first (``recorded_at``, then key).
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from .._effects import Effect, EffectQuery, NewEffect
 from .._rules import LeaseRef, LeaseRow, Status
 from .._values import Intent, Kind, Record
 
@@ -105,6 +117,13 @@ class Backend(Protocol):
     def release(self, name: str, token: int) -> LeaseAnswer: ...
     def lease_state(self, name: str) -> LeaseAnswer: ...
     def prune(self, older_than: float) -> int: ...
+    # effects (see ``fencing._effects``): rows keyed by idempotency key
+    def record_effect(self, row: NewEffect) -> Effect: ...
+    def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Effect | None: ...
+    def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]: ...
+    def list_effects(self, query: EffectQuery) -> list[Effect]: ...
 
 
 class AsyncBackend(Protocol):
@@ -126,6 +145,12 @@ class AsyncBackend(Protocol):
     async def release(self, name: str, token: int) -> LeaseAnswer: ...
     async def lease_state(self, name: str) -> LeaseAnswer: ...
     async def prune(self, older_than: float) -> int: ...
+    async def record_effect(self, row: NewEffect) -> Effect: ...
+    async def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Effect | None: ...
+    async def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]: ...
+    async def list_effects(self, query: EffectQuery) -> list[Effect]: ...
 
 
 class ThreadedAsyncBackend:
@@ -186,3 +211,19 @@ class ThreadedAsyncBackend:
 
     async def prune(self, older_than: float) -> int:
         return await self._call(self.sync.prune, older_than)
+
+    async def record_effect(self, row: NewEffect) -> Effect:
+        return await self._call(self.sync.record_effect, row)
+
+    async def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Effect | None:
+        return await self._call(
+            self.sync.mark_effect, idempotency_key, status, detail_json, reconcile
+        )
+
+    async def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
+        return await self._call(self.sync.settle_effects, scope, intent_id, outcome)
+
+    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+        return await self._call(self.sync.list_effects, query)

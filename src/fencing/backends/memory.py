@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .._effects import Effect, EffectQuery, NewEffect, effect_from_row
 from .._errors import AlreadyExists, ConfigurationError, SchemaError
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._values import Record
@@ -46,6 +47,7 @@ class MemoryBackend:
         self._applied: dict[tuple[str, str], float] = {}
         self._fences: dict[tuple[str, str | int], int] = {}
         self._leases: dict[str, LeaseRow] = {}
+        self._effects: dict[str, tuple[Any, ...]] = {}  # rows in EFFECT_COLUMNS order
 
     # -- tables the "user owns": the memory store's stand-in for CREATE TABLE / INSERT
     def create_table(
@@ -202,6 +204,52 @@ class MemoryBackend:
             for k in old:
                 del self._applied[k]
             return len(old)
+
+    # -- effects ------------------------------------------------------------------
+    def record_effect(self, row: NewEffect) -> Effect:
+        with self._lock:
+            stored = self._effects.get(row[0])
+            if stored is None:
+                now = self.clock()
+                stored = self._effects[row[0]] = (*row, None, None, now, now)
+            return effect_from_row(stored)
+
+    def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Effect | None:
+        with self._lock:
+            stored = self._effects.get(idempotency_key)
+            if stored is None:
+                return None
+            now = self.clock()
+            row = list(stored)
+            if status is not None:
+                row[6] = status
+            if detail_json is not None:
+                row[7] = detail_json
+            if reconcile and row[9] is None:
+                row[9] = now
+            row[11] = now
+            self._effects[idempotency_key] = tuple(row)
+            return effect_from_row(row)
+
+    def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
+        with self._lock:
+            now = self.clock()
+            for key, row in list(self._effects.items()):
+                if row[1] == scope and row[3] == intent_id and row[8] is None:
+                    self._effects[key] = (*row[:8], outcome, row[9], row[10], now)
+            return self._list(EffectQuery(scope, intent_id, limit=len(self._effects) or 1))
+
+    def _list(self, query: EffectQuery) -> list[Effect]:
+        found = [effect_from_row(row) for row in self._effects.values()]
+        found = [e for e in found if query.matches(e)]
+        found.sort(key=lambda e: (e.recorded_at, e.idempotency_key))
+        return found[: query.limit]
+
+    def list_effects(self, query: EffectQuery) -> list[Effect]:
+        with self._lock:
+            return self._list(query)
 
 
 def _memory(url: Any, options: dict[str, Any]) -> MemoryBackend:

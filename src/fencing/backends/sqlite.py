@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
+from .._effects import EFFECT_COLUMNS, Effect, EffectQuery, NewEffect, effect_from_row
 from .._errors import (
     AlreadyExists,
     ConfigurationError,
@@ -39,7 +40,7 @@ __all__ = ["SCHEMA_VERSION", "SQLiteBackend"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2  # 2: fencing_effects
 
 # The library's own tables, as reviewed text. Keys have no declared type, so a
 # string key and an integer key are stored as what they are.
@@ -83,7 +84,32 @@ CREATE TABLE IF NOT EXISTS fencing_tombstones (
     version INTEGER NOT NULL,
     PRIMARY KEY (collection, key)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fencing_effects (
+    idempotency_key TEXT PRIMARY KEY,
+    scope TEXT NOT NULL,
+    record_key TEXT NOT NULL,
+    intent_id TEXT NOT NULL,
+    transition TEXT NOT NULL,
+    name TEXT NOT NULL,
+    status TEXT NOT NULL,
+    detail TEXT,
+    outcome TEXT,
+    reconciled_at REAL,
+    recorded_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS fencing_effects_intent ON fencing_effects (scope, intent_id);
+CREATE INDEX IF NOT EXISTS fencing_effects_open ON fencing_effects (recorded_at)
+    WHERE outcome IS NOT NULL AND reconciled_at IS NULL;
 """
+
+_EFFECT_ROW: Final = ", ".join(EFFECT_COLUMNS)
+_EFFECT_ORDER: Final = " ORDER BY recorded_at, idempotency_key LIMIT ?"
+_EFFECT_WHERE: Final = {
+    "key": "idempotency_key = ?",
+    "intent": "scope = ? AND intent_id = ?",
+    "open": "outcome IS NOT NULL AND reconciled_at IS NULL",
+}
 
 _CLAIM: Final = (
     "INSERT INTO fencing_applied (scope, intent_id, key, applied_at) VALUES (?, ?, ?, ?)"
@@ -260,6 +286,11 @@ class SQLiteBackend:
                 raise SchemaError(
                     f"this store's schema is version {row[0]}, newer than this fencing"
                     f" ({SCHEMA_VERSION}); upgrade fencing"
+                )
+            elif row[0] < SCHEMA_VERSION:  # 1 -> 2 only added tables, made above
+                conn.execute(
+                    "UPDATE fencing_schema SET version = ? WHERE component = 'core'",
+                    (SCHEMA_VERSION,),
                 )
 
     def close(self) -> None:
@@ -545,6 +576,62 @@ class SQLiteBackend:
                 "DELETE FROM fencing_applied WHERE applied_at < ?", (time.time() - older_than,)
             )
             return cur.rowcount
+
+    # -- effects ------------------------------------------------------------------
+    @staticmethod
+    def _effects(conn: sqlite3.Connection, where: str, args: Sequence[Any]) -> list[Effect]:
+        sql = f"SELECT {_EFFECT_ROW} FROM fencing_effects WHERE {where}{_EFFECT_ORDER}"
+        return [effect_from_row(r) for r in conn.execute(sql, args).fetchall()]
+
+    def record_effect(self, row: NewEffect) -> Effect:
+        def body(conn: sqlite3.Connection, now: float) -> Effect:
+            conn.execute(
+                f"INSERT INTO fencing_effects ({_EFFECT_ROW})"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)"
+                " ON CONFLICT (idempotency_key) DO NOTHING",
+                (*row, now, now),
+            )
+            return self._effects(conn, _EFFECT_WHERE["key"], (row[0], 1))[0]
+
+        return self._run(body)
+
+    def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Effect | None:
+        def body(conn: sqlite3.Connection, now: float) -> Effect | None:
+            conn.execute(
+                "UPDATE fencing_effects SET status = coalesce(?, status),"
+                " detail = coalesce(?, detail), updated_at = ?,"
+                " reconciled_at = CASE WHEN ? THEN coalesce(reconciled_at, ?)"
+                " ELSE reconciled_at END WHERE idempotency_key = ?",
+                (status, detail_json, now, reconcile, now, idempotency_key),
+            )
+            found = self._effects(conn, _EFFECT_WHERE["key"], (idempotency_key, 1))
+            return found[0] if found else None
+
+        return self._run(body)
+
+    def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
+        def body(conn: sqlite3.Connection, now: float) -> list[Effect]:
+            conn.execute(
+                "UPDATE fencing_effects SET outcome = ?, updated_at = ?"
+                " WHERE scope = ? AND intent_id = ? AND outcome IS NULL",
+                (outcome, now, scope, intent_id),
+            )
+            return self._effects(conn, _EFFECT_WHERE["intent"], (scope, intent_id, -1))
+
+        return self._run(body)
+
+    def list_effects(self, query: EffectQuery) -> list[Effect]:
+        args: list[Any]
+        if query.idempotency_key is not None:
+            where, args = _EFFECT_WHERE["key"], [query.idempotency_key]
+        elif query.intent_id is not None:
+            where, args = _EFFECT_WHERE["intent"], [query.scope, query.intent_id]
+        else:
+            where, args = _EFFECT_WHERE["open"], []
+        args.append(query.limit)
+        return self._run(lambda conn, now: self._effects(conn, where, args), write=False)
 
 
 def _forget_after_fork(ref: weakref.ReferenceType[SQLiteBackend]) -> None:
