@@ -53,3 +53,52 @@ def test_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_url_is_a_clean_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["migrate", "bogus://x"]) == 2
     assert "ConfigurationError" in capsys.readouterr().err
+
+
+def _stale_charge(url: str) -> str:
+    """A charge recorded for an order that was cancelled before the charge committed."""
+    with fencing.open(url) as store:
+        orders = store.collection("orders")
+        orders.create("o-1", {"status": "new"})
+        late = orders.intent("o-1", "charge")
+        fx = orders.effect_done(orders.effect(late, "charge", detail={"amount": 5}))
+        orders.commit(orders.intent("o-1", "cancel"), {"status": "cancelled"})
+        assert isinstance(orders.commit(late, {"status": "charged"}), fencing.Stale)
+        return fx.idempotency_key
+
+
+def test_reconcile_lists_until_marked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    key = _stale_charge(url)
+    assert main(["reconcile", url, "--json"]) == 0
+    (listed,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert listed["idempotency_key"] == key
+    assert (listed["outcome"], listed["status"], listed["reconciled"]) == ("stale", "done", False)
+    assert listed["collection"] == "orders" and listed["key"] == "o-1"
+    assert main(["reconcile", url, "--fail-if-any"]) == 1
+    text = capsys.readouterr().out
+    assert key in text and "stale" in text
+
+    assert main(["reconcile", url, "--mark", key]) == 0
+    out = capsys.readouterr().out
+    assert f"{key} marked reconciled" in out and "no effect needs reconciling" in out
+    assert main(["reconcile", url, "--mark", key, "--fail-if-any"]) == 0  # idempotent
+    assert "was already reconciled" in capsys.readouterr().out
+    with fencing.open(url) as store:
+        effect = store.get_effect(key)
+        assert effect is not None and effect.reconciled and effect.outcome == "stale"
+
+
+def test_reconcile_bad_input_is_a_clean_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    key = _stale_charge(url)
+    assert main(["reconcile", url, "--mark", "not-a-key"]) == 2
+    assert "InvalidInput" in capsys.readouterr().err
+    assert main(["reconcile", url, "--mark", "fx_" + "0" * 40]) == 2
+    assert "RecordNotFound" in capsys.readouterr().err
+    assert main(["reconcile", url, "--limit", "0"]) == 2
+    assert "InvalidInput" in capsys.readouterr().err
+    with fencing.open(url) as store:
+        assert [e.idempotency_key for e in store.effects_to_reconcile()] == [key]

@@ -1,4 +1,4 @@
-"""The ``fencing`` command line: demo, check, bench, migrate, inspect.
+"""The ``fencing`` command line: demo, check, bench, reconcile, migrate, inspect.
 
 Each subcommand lives in its own module and is imported only when run; the
 ``cli`` extra brings rich for tables and progress bars.
@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
         ("demo", "fencing._demo", "race naive read-modify-write against fencing; judge both"),
         ("check", "fencing.testing._cli", "judge a recorded history (JSONL) for anomalies"),
         ("bench", "fencing._bench", "throughput and latency beside hand-written baselines"),
+        (
+            "reconcile",
+            "fencing._reconcile",
+            "list effects of stale or fenced intents not yet reconciled; --mark KEY",
+        ),
     ]
     for name, module, help_text in commands:
         p = sub.add_parser(name, help=help_text, description=help_text)

@@ -204,6 +204,67 @@ def credit(state: Mapping[str, Any], amount: int) -> dict[str, Any]:
     }
 
 
+def task_message(spec: TaskSpec, intent: Intent) -> dict[str, Any]:
+    """The message of a task: the intent captured at enqueue time and the task's work."""
+    return {
+        "task": spec.task,
+        "kind": spec.kind,
+        "intent": intent.to_json(),
+        "amount": spec.amount,
+        "work": spec.work,
+        "leased": spec.leased,
+        "pause": spec.pause,
+        "crash": spec.crash,
+    }
+
+
+def collection_name(run_id: str, mode: str, kind: str) -> str:
+    return f"demo.{run_id}.{mode}.{kind}"
+
+
+def create_records(
+    store: Store, specs: list[TaskSpec], run_id: str, mode: str
+) -> tuple[dict[str, Collection], dict[str, list[str]]]:
+    """A run's two collections, with every key of the schedule created; and the keys."""
+    kinds = ("accounts", "orders")
+    collections = {kind: store.collection(collection_name(run_id, mode, kind)) for kind in kinds}
+    keys = {kind: sorted({s.key for s in specs if s.kind == kind}) for kind in kinds}
+    for key in keys["accounts"]:
+        collections["accounts"].create(key, {"balance": 0, "credits": 0})
+    for key in keys["orders"]:
+        collections["orders"].create(key, {"status": "open", "cycle": 0})
+    return collections, keys
+
+
+def capture_intent(collections: Mapping[str, Collection], spec: TaskSpec) -> Intent:
+    """The producer's decision: the intent, captured now, from the record as it is now."""
+    record = collections[spec.kind].get(spec.key)
+    assert record is not None
+    if spec.kind == "accounts":
+        return record.intent("credit")
+    return record.intent(choose_transition(record.state, spec.choice))
+
+
+def finish_run(
+    result: RunResult,
+    writer: HistoryWriter,
+    collections: Mapping[str, Collection],
+    keys: Mapping[str, list[str]],
+    credited: list[TaskSpec],
+) -> None:
+    """Final events, the balance against the credits expected, and the checker's report."""
+    from .testing import check_file, write_final
+
+    for kind, target in collections.items():
+        write_final(writer, target, keys[kind])
+    writer.close()
+    for key in keys["accounts"]:
+        record = collections["accounts"].get(key)
+        result.balance += int(record.state["balance"]) if record is not None else 0
+    result.expected_balance = sum(s.amount for s in credited)
+    result.report = check_file(result.history)
+
+
 class Worker:
     """Handles one delivery at a time; the same code in a thread or a process."""
 
@@ -401,6 +462,7 @@ class RunResult:
     expected_balance: int = 0
     report: Report | None = None
     history: str = ""
+    run_id: str = ""
 
     @property
     def drift(self) -> int:
@@ -427,6 +489,7 @@ class RunResult:
             "ok": bool(report and report.ok),
             "examples": report.to_dict(3)["examples"] if report else {},
             "history": self.history,
+            "run_id": self.run_id,
         }
 
 
@@ -547,6 +610,12 @@ class DemoConfig:
     store: str | None = None
     processes: bool = False
     history_dir: str | None = None
+    queue: str | None = None  # celery, rq, dramatiq or arq: real worker processes of that queue
+    broker: str | None = None  # the queue's broker URL (default: a local Redis database)
+
+
+QUEUES: Final = ("celery", "rq", "dramatiq", "arq")
+QUEUE_DEFAULTS: Final = {"tasks": 120, "workers": 4}
 
 
 def _validate(config: DemoConfig) -> None:
@@ -554,11 +623,18 @@ def _validate(config: DemoConfig) -> None:
         value = getattr(config, name)
         if not low <= value <= high:
             raise InvalidInput(f"--{name} must be from {low} to {high}, not {value}")
-    if config.processes and config.store is not None:
+    if config.queue is not None and config.queue not in QUEUES:
+        raise InvalidInput(f"--queue must be one of {', '.join(QUEUES)}, not {config.queue!r}")
+    if config.broker is not None and config.queue is None:
+        raise InvalidInput("--broker needs --queue")
+    if config.queue is not None and config.processes:
+        raise InvalidInput("--queue runs worker processes of its own: drop --processes")
+    shared = "--queue" if config.queue is not None else "--processes" if config.processes else ""
+    if shared and config.store is not None:
         lowered = config.store.lower()
         if lowered.startswith("memory:") or ":memory:" in lowered:
             raise ConfigurationError(
-                "--processes needs a store shared between processes: a file"
+                f"{shared} needs a store shared between processes: a file"
                 " (sqlite:///demo.db) or a server, not an in-memory store"
             )
 
@@ -573,35 +649,12 @@ def _run_mode(
     run_id: str,
     on_progress: Callable[[int], None],
 ) -> RunResult:
-    from .testing import HistoryWriter, check_file, write_final
+    from .testing import HistoryWriter
 
-    names = {kind: f"demo.{run_id}.{mode}.{kind}" for kind in ("accounts", "orders")}
-    collections = {kind: store.collection(name) for kind, name in names.items()}
-    keys = {kind: sorted({s.key for s in specs if s.kind == kind}) for kind in names}
-    for key in keys["accounts"]:
-        collections["accounts"].create(key, {"balance": 0, "credits": 0})
-    for key in keys["orders"]:
-        collections["orders"].create(key, {"status": "open", "cycle": 0})
+    collections, keys = create_records(store, specs, run_id, mode)
 
     def capture(spec: TaskSpec) -> dict[str, Any]:
-        """The producer: the intent is captured now, from the record as it is now."""
-        target = collections[spec.kind]
-        record = target.get(spec.key)
-        assert record is not None
-        if spec.kind == "accounts":
-            intent = record.intent("credit")
-        else:
-            intent = record.intent(choose_transition(record.state, spec.choice))
-        return {
-            "task": spec.task,
-            "kind": spec.kind,
-            "intent": intent.to_json(),
-            "amount": spec.amount,
-            "work": spec.work,
-            "leased": spec.leased,
-            "pause": spec.pause,
-            "crash": spec.crash,
-        }
+        return task_message(spec, capture_intent(collections, spec))
 
     settings = WorkerSettings(mode, url, history)
     result = RunResult(mode, len(specs), history=history)
@@ -611,13 +664,7 @@ def _run_mode(
             Broker(specs, capture, pool.inbox, config.seed, on_progress).run(pool.outbox, result)
         finally:
             pool.stop()
-        for kind, target in collections.items():
-            write_final(writer, target, keys[kind])
-    for key in keys["accounts"]:
-        record = collections["accounts"].get(key)
-        result.balance += int(record.state["balance"]) if record is not None else 0
-    result.expected_balance = sum(s.amount for s in specs if s.kind == "accounts")
-    result.report = check_file(history)
+        finish_run(result, writer, collections, keys, [s for s in specs if s.kind == "accounts"])
     return result
 
 
@@ -703,6 +750,10 @@ def run_demo(
     import fencing
 
     _validate(config)
+    if config.queue is not None:
+        from ._queue_demo import run_queue_demo
+
+        return run_queue_demo(config, on_start, on_progress)
     specs = make_schedule(config.seed, config.tasks, config.keys)
     temp = tempfile.mkdtemp(prefix="fencing-demo-")
     try:
@@ -737,8 +788,17 @@ def run_demo(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = DemoConfig()
     parser.add_argument("--seed", type=int, default=defaults.seed, help="schedule seed")
-    parser.add_argument("--tasks", type=int, default=defaults.tasks, help="tasks per run")
-    parser.add_argument("--workers", type=int, default=defaults.workers, help="workers per run")
+    parser.add_argument(
+        "--tasks",
+        type=int,
+        help=f"tasks per run (default {defaults.tasks}; {QUEUE_DEFAULTS['tasks']} with --queue)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help=f"workers per run (default {defaults.workers};"
+        f" {QUEUE_DEFAULTS['workers']} worker processes with --queue)",
+    )
     parser.add_argument(
         "--keys", type=int, default=defaults.keys, help="accounts and orders raced over (each)"
     )
@@ -753,18 +813,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="workers are real processes sharing the store (a file or a server)",
     )
     parser.add_argument("--history", metavar="DIR", help="keep naive.jsonl and fencing.jsonl here")
+    parser.add_argument(
+        "--queue",
+        choices=QUEUES,
+        help="run the schedule through this task queue, with real worker processes",
+    )
+    parser.add_argument(
+        "--broker",
+        metavar="URL",
+        help="the queue's broker (default redis://127.0.0.1:6379/10; celery and dramatiq"
+        " also take amqp://guest:guest@127.0.0.1:5672//)",
+    )
     parser.add_argument("--json", action="store_true", help="machine output: no table, no bar")
 
 
 def _config(args: argparse.Namespace) -> DemoConfig:
+    defaults: Mapping[str, int] = asdict(DemoConfig())
+    if args.queue is not None:
+        defaults = QUEUE_DEFAULTS
     return DemoConfig(
         seed=args.seed,
-        tasks=args.tasks,
-        workers=args.workers,
+        tasks=defaults["tasks"] if args.tasks is None else args.tasks,
+        workers=defaults["workers"] if args.workers is None else args.workers,
         keys=args.keys,
         store=args.store,
         processes=args.processes,
         history_dir=args.history,
+        queue=args.queue,
+        broker=args.broker,
     )
 
 
@@ -792,6 +868,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _intro(config: DemoConfig, specs: list[TaskSpec]) -> str:
     paused = sum(1 for s in specs if s.pause > 0)
+    if config.queue is not None:
+        from ._queue_demo import intro
+
+        return intro(config, specs)
     where = "processes" if config.processes else "threads"
     return (
         f"Racing {len(specs)} tasks on {config.workers} worker {where} over {config.keys}"
@@ -811,6 +891,10 @@ def _run_rich(config: DemoConfig) -> int:
     console.print(_intro(config, specs))
     if config.store:
         console.print(f"[dim]store: {config.store}[/]")
+    if config.queue is not None:
+        from ._queue_demo import broker_url
+
+        console.print(f"[dim]broker: {broker_url(config)}[/]")
     progress = Progress(
         "[progress.description]{task.description}",
         BarColumn(),
