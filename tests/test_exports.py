@@ -25,6 +25,7 @@ PUBLIC = [
     "Contended",
     "Drop",
     "Duplicate",
+    "Effect",
     "FenceReason",
     "Fenced",
     "FencingError",
@@ -164,8 +165,12 @@ def test_outcomes_share_a_base() -> None:
     ("cls", "methods"),
     [
         ("Store", ["collection", "table", "lease", "acquire", "try_acquire", "migrate", "close"]),
+        ("Store", ["effects_to_reconcile", "get_effect", "mark_reconciled"]),
         ("Collection", ["create", "get", "delete", "intent", "commit", "commit_many", "apply"]),
+        ("Collection", ["effect", "effect_done", "effect_failed", "effects"]),
         ("Table", ["get", "intent", "commit", "commit_many", "apply"]),
+        ("Table", ["effect", "effect_done", "effect_failed", "effects"]),
+        ("Effect", ["to_dict"]),
         ("Lease", ["renew", "release", "start_heartbeat", "stop_heartbeat"]),
         ("Record", ["intent", "to_dict"]),
         ("Intent", ["to_json", "from_json", "to_dict", "from_dict", "new", "derive"]),
@@ -197,8 +202,12 @@ def test_sync_and_async_fronts_have_the_same_methods(sync: str, asynchronous: st
 
 def test_async_store_calls_are_awaitable_and_factories_are_not() -> None:
     factories = {"collection", "table", "lease"}
-    for name in ("acquire", "try_acquire", "migrate", "prune", "close"):
+    effects = ("effects_to_reconcile", "get_effect", "mark_reconciled")
+    for name in ("acquire", "try_acquire", "migrate", "prune", "close", *effects):
         assert inspect.iscoroutinefunction(getattr(fencing.AsyncStore, name)), name
+    for name in ("effect", "effect_done", "effect_failed", "effects"):
+        assert inspect.iscoroutinefunction(getattr(fencing.AsyncCollection, name)), name
+        assert not inspect.iscoroutinefunction(getattr(fencing.Collection, name)), name
     for name in factories:
         assert not inspect.iscoroutinefunction(getattr(fencing.AsyncStore, name)), name
     for name in ("create", "get", "delete", "intent", "commit", "commit_many", "apply"):

@@ -33,6 +33,7 @@ from fencing import (
 from fencing._policy import (
     Acquire,
     CallReconcile,
+    Settle,
     Commit,
     Decide,
     Probe,
@@ -813,6 +814,7 @@ class Driver:
         self.commit = commit
         self.decide = decide
         self.steps: list[Any] = []
+        self.settled: tuple[Any, ...] = ()  # the effects a Settle step answers with
 
     def run(self, intent: Intent, policy: StalePolicy, rng: random.Random | None = None) -> Outcome:
         flow = apply_flow(intent, policy, rng)
@@ -829,6 +831,8 @@ class Driver:
                     answer = self.commit(step.intent, step.state)
                 elif isinstance(step, Sleep | CallReconcile):
                     answer = None
+                elif isinstance(step, Settle):
+                    answer = list(self.settled)
                 else:  # pragma: no cover
                     raise AssertionError(step)
                 step = flow.send(answer)
@@ -889,7 +893,12 @@ def test_flow_stops_at_probe_without_deciding(
     driver = Driver(CommitResult(status, record), lambda i, s: pytest.fail("no commit"))
     outcome = driver.run(make_intent(), policy)
     assert isinstance(outcome, expected)
-    assert driver.kinds() == ["Probe"]
+    # an outcome that ends the work uncommitted settles its effects; Duplicate does not
+    settles = expected is not Duplicate
+    assert driver.kinds() == ["Probe", "Settle"] if settles else ["Probe"]
+    if settles:
+        settle = driver.steps[-1]
+        assert settle.outcome == outcome.kind and settle.intent is outcome.intent
     if isinstance(outcome, Fenced):
         want = FenceReason.NEWER_OWNER if status is Status.FENCED_NEWER else FenceReason.EXPIRED
         assert outcome.reason is want
@@ -931,14 +940,14 @@ def test_flow_drop_never_decides_on_stale_probe() -> None:
     driver = Driver(CommitResult(Status.STALE, current), lambda i, s: pytest.fail("no commit"))
     outcome = driver.run(make_intent(), Drop())
     assert isinstance(outcome, Stale) and outcome.current is current
-    assert driver.kinds() == ["Probe"]
+    assert driver.kinds() == ["Probe", "Settle"]
 
 
 def test_flow_drop_reports_a_stale_commit_after_one_decide() -> None:
     driver = Driver(CommitResult(Status.OK, make_record()), always_stale())
     outcome = driver.run(make_intent(), Drop())
     assert isinstance(outcome, Stale) and outcome.current.version == 4
-    assert driver.kinds() == ["Probe", "Decide", "Commit"]
+    assert driver.kinds() == ["Probe", "Decide", "Commit", "Settle"]
 
 
 @pytest.mark.parametrize("probe_stale", [True, False])
@@ -949,9 +958,12 @@ def test_flow_reconcile_calls_handler_exactly_once(probe_stale: bool) -> None:
     else:
         driver = Driver(CommitResult(Status.OK, record), always_stale())
     intent = make_intent()
+    driver.settled = ("effect-1", "effect-2")
     outcome = driver.run(intent, Reconcile(print))
     assert isinstance(outcome, Stale)
     assert driver.count(CallReconcile) == 1
+    assert driver.count(Settle) == 1 and isinstance(driver.steps[-2], Settle)
+    assert driver.steps[-2].outcome == "stale" and driver.steps[-1].effects == driver.settled
     assert driver.count(Decide) == (0 if probe_stale else 1)
     call = next(s for s in driver.steps if isinstance(s, CallReconcile))
     assert call.intent is intent and call.record == outcome.current

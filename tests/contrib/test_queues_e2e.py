@@ -293,3 +293,73 @@ def test_unsigned_or_tampered_message_is_refused_and_not_retried(harness: Harnes
     assert {r["fencing_action"] for r in refused()} == {"refuse"}
     unchanged = h.orders.get(record.key)
     assert unchanged is not None and unchanged.version == 1
+
+
+def test_charged_then_stale_task_reconciles_once_and_is_listed_until_marked(
+    harness: Harness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from fencing._cli import main
+
+    h = harness
+    record = h.create({"status": "packed", "log": [], "total": 42})
+    intent = record.intent("charge")
+    h.flag(f"pause-{intent.id}")
+    h.enqueue("charge", intent)
+    h.wait_pid(f"paused-{intent.id}")  # charged (effect recorded, made, done); not committed
+    h.commit_direct(record.intent("cancel"), _shared.marked(record.state, "cancel"))
+    h.flag(f"resume-{intent.id}")
+
+    (report,) = h.wait_reports(intent.id, 1)
+    assert report["fencing_outcome"] == "stale" and report["fencing_action"] == "ack", report
+    refunds = h.wait_for(
+        lambda: [r for r in read(h, "refunds.jsonl") if r["root_id"] == intent.id],
+        30,
+        "the Reconcile handler",
+    )
+    h.drain()
+    stays(h, lambda: len(h.reports_for(intent.id)) == 1)
+    (charge,) = [c for c in read(h, "charges.jsonl") if c["key"] in str(refunds)]
+    (refund,) = [r for r in read(h, "refunds.jsonl") if r["root_id"] == intent.id]  # once
+    assert refund["version"] == 2
+    assert refund["effects"] == [[charge["key"], "done", "stale"]]
+    final = h.orders.get(record.key)
+    assert final is not None and final.state["status"] == "cancel" and final.version == 2
+    assert judge(h, record.key).ok, judge(h, record.key).to_dict()
+
+    # `fencing reconcile` lists the charge until it is marked, then never again
+    def listed() -> list[dict[str, Any]]:
+        assert main(["reconcile", h.store_url, "--json", "--limit", "1000"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        return [e for e in map(json.loads, lines) if e.get("intent_id") == intent.id]
+
+    (effect,) = listed()
+    assert (effect["idempotency_key"], effect["status"]) == (charge["key"], "done")
+    assert (effect["outcome"], effect["detail"]["charge_id"]) == (
+        "stale",
+        f"ch-{charge['key'][3:11]}",
+    )
+    assert listed() == [effect]
+    assert main(["reconcile", h.store_url, "--mark", charge["key"]]) == 0
+    assert "marked reconciled" in capsys.readouterr().out
+    assert listed() == []
+    assert main(["reconcile", h.store_url, "--mark", charge["key"]]) == 0  # idempotent
+    assert "already reconciled" in capsys.readouterr().out
+    assert listed() == []
+
+    # the naive twin charges and then overwrites the cancellation
+    naive = h.create({"status": "packed", "log": [], "total": 42})
+    h.commit_direct(naive.intent("cancel"), _shared.marked(naive.state, "cancel"))
+    message = msg_id()
+    h.send_naive_mark(naive.key, "charge", message, decided=1)
+    h.wait_naive(message, 1)
+    overwritten = h.orders.get(naive.key)
+    assert overwritten is not None and overwritten.state["status"] == "charge"
+    assert judge(h, naive.key).counts["stale_write"] >= 1
+
+
+def read(h: Harness, name: str) -> list[dict[str, Any]]:
+    from ._e2e import read_jsonl
+
+    return read_jsonl(h.control / name)

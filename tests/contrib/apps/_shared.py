@@ -236,6 +236,51 @@ async def abump(record: fencing.Record) -> dict[str, Any]:
     return {**record.state, "count": record.state.get("count", 0) + 1}
 
 
+def _charge_once(record: fencing.Record) -> None:
+    """Record the ``charge`` effect, then make it unless a retry finds it done.
+
+    The "provider" appends to ``charges.jsonl``, keyed by the effect's idempotency
+    key, as a payment API de-duplicates on its idempotency header.
+    """
+    intent = current_intent()
+    assert intent is not None
+    effect = orders().effect(intent, "charge", detail={"amount": record.state.get("total", 0)})
+    if effect.status != "done":
+        _writer("charges.jsonl").write({"key": effect.idempotency_key, "pid": os.getpid()})
+        orders().effect_done(effect, detail={"charge_id": f"ch-{effect.idempotency_key[3:11]}"})
+
+
+def charge(record: fencing.Record) -> dict[str, Any]:
+    """Charge (a recorded effect), then set the status; pausable after the charge."""
+    intent = current_intent()
+    assert intent is not None
+    _charge_once(record)
+    state = marked(record.state, intent.transition)
+    pause_point(intent.root_id)
+    return state
+
+
+async def acharge(record: fencing.Record) -> dict[str, Any]:
+    intent = current_intent()
+    assert intent is not None
+    await asyncio.to_thread(_charge_once, record)  # copies the context: current_intent()
+    state = marked(record.state, intent.transition)
+    await apause_point(intent.root_id)
+    return state
+
+
+def refund(intent: fencing.Intent, current: fencing.Record, effects: Any) -> None:
+    """The ``Reconcile`` handler: the charge was made for a decision that lost."""
+    _writer("refunds.jsonl").write(
+        {
+            "root_id": intent.root_id,
+            "version": current.version,
+            "effects": [[e.idempotency_key, e.status, e.outcome] for e in effects],
+            "pid": os.getpid(),
+        }
+    )
+
+
 # -- after each fenced run ---------------------------------------------------------------
 def record_outcome(report: TaskReport) -> None:
     if report.outcome is not None and report.intent is not None:

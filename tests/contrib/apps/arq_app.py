@@ -39,6 +39,13 @@ mark_impatient = fenced_function(
     target=_shared.async_impatient_orders, max_retries=8, name="e2e.mark_impatient", **_common
 )(_shared.amark)
 
+charge = fenced_function(
+    target=_shared.async_orders,
+    on_stale=fencing.Reconcile(_shared.refund),
+    name="e2e.charge",
+    **_common,
+)(_shared.acharge)
+
 
 async def naive_mark(
     ctx: dict[str, Any], key: str, label: str, msg_id: str, decided: int | None, locked: bool
@@ -64,6 +71,7 @@ class WorkerSettings:
         mark_leased,
         bump,
         mark_impatient,
+        charge,
         func(naive_mark, name="e2e.naive_mark", timeout=JOB_TIMEOUT, max_tries=2),
         func(naive_bump, name="e2e.naive_bump", timeout=JOB_TIMEOUT, max_tries=2),
         func(ping, name="e2e.ping"),

@@ -26,6 +26,7 @@ class CeleryTasks:
     mark_leased: FencedCeleryTask
     bump: FencedCeleryTask
     mark_impatient: FencedCeleryTask
+    charge: FencedCeleryTask
     naive_mark: Any
     naive_bump: Any
     ping: Any
@@ -65,11 +66,20 @@ def build(broker_url: str, queue: str, prefix: str) -> CeleryTasks:
     mark_impatient = fenced_task(
         app, target=_shared.impatient_orders, max_retries=8, name="e2e.mark_impatient", **common
     )(_shared.mark)
+    charge = fenced_task(
+        app,
+        target=_shared.orders,
+        on_stale=fencing.Reconcile(_shared.refund),
+        name="e2e.charge",
+        **common,
+    )(_shared.charge)
     naive = {"acks_late": True, "reject_on_worker_lost": True}
     naive_mark = app.task(name="e2e.naive_mark", **naive)(_shared.naive_mark)
     naive_bump = app.task(name="e2e.naive_bump", **naive)(_shared.naive_bump)
     ping = app.task(name="e2e.ping")(_shared.ping)
-    return CeleryTasks(app, mark, mark_leased, bump, mark_impatient, naive_mark, naive_bump, ping)
+    return CeleryTasks(
+        app, mark, mark_leased, bump, mark_impatient, charge, naive_mark, naive_bump, ping
+    )
 
 
 if "FENCING_E2E_BROKER" in os.environ:

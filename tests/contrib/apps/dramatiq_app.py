@@ -48,6 +48,7 @@ class DramatiqActors:
     mark_leased: FencedActor
     bump: FencedActor
     mark_impatient: FencedActor
+    charge: FencedActor
     naive_mark: Any
     naive_bump: Any
     ping: Any
@@ -74,6 +75,12 @@ def build(broker: dramatiq.Broker, queue: str) -> DramatiqActors:
     mark_impatient = fenced_actor(
         target=_shared.impatient_orders, max_retries=8, actor_name="e2e_mark_impatient", **common
     )(_shared.mark)
+    charge = fenced_actor(
+        target=_shared.orders,
+        on_stale=fencing.Reconcile(_shared.refund),
+        actor_name="e2e_charge",
+        **common,
+    )(_shared.charge)
     # The naive twins: Dramatiq's defaults (retries on any exception), the same queue.
     naive_mark = dramatiq.actor(
         broker=broker, queue_name=queue, actor_name="e2e_naive_mark", max_retries=3, min_backoff=200
@@ -82,7 +89,9 @@ def build(broker: dramatiq.Broker, queue: str) -> DramatiqActors:
         broker=broker, queue_name=queue, actor_name="e2e_naive_bump", max_retries=3, min_backoff=200
     )(_shared.naive_bump)
     ping = dramatiq.actor(broker=broker, queue_name=queue, actor_name="e2e_ping")(_shared.ping)
-    return DramatiqActors(mark, mark_leased, bump, mark_impatient, naive_mark, naive_bump, ping)
+    return DramatiqActors(
+        mark, mark_leased, bump, mark_impatient, charge, naive_mark, naive_bump, ping
+    )
 
 
 if "FENCING_E2E_BROKER" in os.environ:

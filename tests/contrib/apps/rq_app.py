@@ -45,6 +45,16 @@ def mark_impatient(record: fencing.Record) -> dict[str, Any]:
     return _shared.mark(record)
 
 
+@fenced_job(
+    target=_shared.orders,
+    on_stale=fencing.Reconcile(_shared.refund),
+    name="e2e.charge",
+    **_common,
+)
+def charge(record: fencing.Record) -> dict[str, Any]:
+    return _shared.charge(record)
+
+
 naive_mark = _shared.naive_mark
 naive_bump = _shared.naive_bump
 ping = _shared.ping
