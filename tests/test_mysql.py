@@ -18,6 +18,7 @@ import pytest
 
 import fencing
 from fencing import Committed, Contended, Duplicate, Recompute, Stale
+from fencing._effects import dump_detail
 
 from . import backends_mysql as mysql_case
 from ._backends import require_server
@@ -618,3 +619,103 @@ def test_idle_connection_killed_is_replaced_quietly(mstore: Any, mysql_url: str)
         _kill(mysql_url, int(thread_id))
     time.sleep(0.2)
     assert orders.get("k").version == 1  # a dead idle connection is dropped, not used
+
+
+# -- effects --------------------------------------------------------------------------------
+def test_store_before_effects_gains_them_on_migrate(opener: Opener, mysql_url: str) -> None:
+    first = opener()
+    first.collection("orders").create("o-1", {"status": "new"})
+    # the store as the previous release left it: no effects table, schema version 1
+    _sql(mysql_url, "DROP TABLE fencing_effects")
+    _sql(mysql_url, "UPDATE fencing_schema SET version = 1")
+
+    bare = opener(migrate=False)
+    late = bare.collection("orders").intent("o-1", "charge")
+    with pytest.raises(fencing.SchemaError):
+        bare.collection("orders").effect(late, "charge")
+
+    store = opener()  # migrates: the table and its indexes appear, the version moves on
+    assert _sql(mysql_url, "SELECT component, version FROM fencing_schema") == [("core", 2)]
+    indexes = _sql(
+        mysql_url,
+        "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS"
+        " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'fencing_effects'",
+    )
+    assert {i for (i,) in indexes} == {"PRIMARY", "fencing_effects_intent", "fencing_effects_open"}
+
+    orders = store.collection("orders")
+    fx = orders.effect(late, "charge", detail={"amount": 10})
+    assert orders.commit(orders.intent("o-1", "cancel"), {"status": "cancelled"}).committed
+    assert isinstance(orders.commit(late, {"status": "charged"}), Stale)
+    (listed,) = store.effects_to_reconcile()
+    assert (listed.idempotency_key, listed.outcome) == (fx.idempotency_key, "stale")
+    marked = store.mark_reconciled(listed)
+
+    store.migrate()  # again: nothing changes, nothing is lost
+    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(2,)]
+    assert store.get_effect(fx.idempotency_key) == marked
+    assert store.effects_to_reconcile() == []
+
+
+def test_effect_rows_hold_the_text_as_given_and_the_servers_clock(
+    mstore: Any, mysql_url: str
+) -> None:
+    things = mstore.collection("things")
+    key = "caf\u00e9 \U0001f98a" * 64
+    things.create(key, {"n": 0})
+    intent = things.intent(key, "ship")
+    detail = {"note": "\u00e0 \u2615 \U0001f600", "n": [1, 2.5, None]}
+    (before,) = _sql(mysql_url, "SELECT UNIX_TIMESTAMP(NOW(6))")
+    fx = things.effect(intent, "label", detail=detail)
+    (after,) = _sql(mysql_url, "SELECT UNIX_TIMESTAMP(NOW(6))")
+    assert float(before[0]) <= fx.recorded_at == fx.updated_at <= float(after[0])
+    assert (fx.key, fx.detail) == (key, detail)
+    rows = _sql(
+        mysql_url,
+        "SELECT record_key, detail, outcome, reconciled_at FROM fencing_effects"
+        " WHERE idempotency_key = %s",
+        fx.idempotency_key,
+    )
+    assert rows == [(json.dumps(key), dump_detail(detail), None, None)]
+
+    done = things.effect_done(fx)  # no detail: the stored one stays
+    assert done.detail == detail and done.status == "done"
+    assert done.updated_at >= done.recorded_at == fx.recorded_at
+
+
+def record_effect_process(url: str, intent_json: str, rounds: int, start_at: float) -> list[Any]:
+    """Record effect ``fx<round>`` of one intent at each round's start time."""
+    store = fencing.open(url, migrate=False)
+    try:
+        orders = store.collection("orders")
+        intent = fencing.Intent.from_json(intent_json)
+        seen = []
+        for round_ in range(rounds):
+            _wait_until(start_at + round_ * 0.3)
+            fx = orders.effect(intent, f"fx{round_}", detail={"round": round_})
+            seen.append((fx.idempotency_key, fx.recorded_at, fx.status))
+        return seen
+    finally:
+        store.close()
+
+
+def test_processes_recording_one_effect_make_one_row(
+    mstore: Any, mysql_url: str, processes: ProcessPoolExecutor
+) -> None:
+    orders = mstore.collection("orders")
+    orders.create("o-1", {"status": "new"})
+    intent = orders.intent("o-1", "charge")
+    rounds = 5
+    start_at = time.time() + 0.5
+    futures = [
+        processes.submit(record_effect_process, mysql_url, intent.to_json(), rounds, start_at)
+        for _ in range(PROCESSES)
+    ]
+    seen = [f.result(timeout=120) for f in futures]
+    stored = {e.name: e for e in orders.effects(intent)}
+    assert sorted(stored) == [f"fx{r}" for r in range(rounds)]
+    assert _sql(mysql_url, "SELECT COUNT(*) FROM fencing_effects") == [(rounds,)]
+    for round_ in range(rounds):
+        fx = stored[f"fx{round_}"]
+        # every process got the one stored row back: the first recording won
+        assert {s[round_] for s in seen} == {(fx.idempotency_key, fx.recorded_at, "pending")}

@@ -9,6 +9,7 @@ Redis Cluster is not running here: its slot rules are tested as pure functions.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import random
 import threading
 import time
@@ -634,3 +635,174 @@ def test_url_options_are_checked() -> None:
 def test_unreachable_server_is_transient() -> None:
     with pytest.raises(TransientStoreError):
         fencing.open("redis://127.0.0.1:1?connect_timeout=0.5")
+
+
+# -- effects -------------------------------------------------------------------------------
+def _effect_keys(url: str) -> list[bytes]:
+    prefix = StoreURL.parse(url).options["prefix"]
+    raw = _raw(url)
+    try:
+        return sorted(raw.scan_iter(match=f"{prefix}:fx:*", count=1000))
+    finally:
+        raw.close()
+
+
+def test_effect_keys_share_one_slot_under_the_prefix() -> None:
+    layout = Layout("app:one")
+    keys = [
+        layout.effect_rows,
+        layout.effects_open,
+        layout.effect_intent("c:orders", "i-1"),
+        layout.effect_intent("t:a:b", "c:d~2"),
+    ]
+    assert keys[0] == "app:one:fx:{app:one}:rows"
+    assert keys[1] == "app:one:fx:{app:one}:open"
+    assert all(k.startswith("app:one:fx:{app:one}:intent:") for k in keys[2:])
+    assert len({key_slot(k) for k in keys}) == 1
+    assert key_slot(keys[0]) == key_slot("app:one")
+    # a scope and an intent id that both hold ':' never share an intent's index
+    assert layout.effect_intent("c:a:b", "c") != layout.effect_intent("c:a", "b:c")
+    # prune scans P:*:applied: an effects key never ends so
+    assert not any(k.endswith(":applied") for k in keys)
+    assert key_slot(Layout("app:two").effect_rows) != key_slot(keys[0])
+
+
+def test_store_from_before_effects_gains_them_on_migrate(
+    url: str, opener: Callable[..., Any]
+) -> None:
+    """A store of the previous release (schema 1, no effects keys) is raised to schema 2
+    by migrate, keeps its records, and records, settles and lists effects."""
+    prefix = StoreURL.parse(url).options["prefix"]
+    first = opener(url)
+    orders = first.collection("orders")
+    orders.create("o-1", {"status": "new"})
+    late = orders.intent("o-1", "charge")
+    first.close()
+    raw = _raw(url)
+    try:
+        fx_keys = _effect_keys(url)
+        if fx_keys:
+            raw.unlink(*fx_keys)
+        raw.set(f"{prefix}:schema", 1)
+        store = opener(url)  # migrates
+        assert raw.get(f"{prefix}:schema") == b"2"
+    finally:
+        raw.close()
+    orders = store.collection("orders")
+    assert orders.get("o-1").state == {"status": "new"}
+    fx = orders.effect(late, "charge", detail={"amount": 10})
+    assert orders.effect(late, "charge") == fx
+    assert orders.commit(orders.intent("o-1", "cancel"), {"status": "cancelled"}).committed
+    assert isinstance(orders.commit(late, {"status": "charged"}), fencing.Stale)
+    (listed,) = store.effects_to_reconcile()
+    assert (listed.idempotency_key, listed.outcome) == (fx.idempotency_key, "stale")
+    # migrating again changes nothing
+    opener(url)
+    raw = _raw(url)
+    assert raw.get(f"{prefix}:schema") == b"2"
+    raw.close()
+    assert store.effects_to_reconcile() == [listed]
+
+
+def _record_in_process(url: str, intent: Intent, barrier: Any, results: Any) -> None:
+    with fencing.open(url) as store:
+        barrier.wait(timeout=60)
+        fx = store.collection("orders").effect(intent, "charge", detail={"pid": os.getpid()})
+        results.put((fx.idempotency_key, fx.recorded_at, fx.detail))
+
+
+def test_processes_recording_one_effect_make_one_row(url: str) -> None:
+    """4 processes record the same effect at the same moment: one row, and every one of
+    them gets that row back (same recorded_at, the winner's detail)."""
+    with fencing.open(url) as store:
+        orders = store.collection("orders")
+        orders.create("o-1", {"n": 0})
+        intent = orders.intent("o-1", "charge")
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_record_in_process, args=(url, intent, barrier, results))
+        for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert len(set(map(repr, got))) == 1, got
+    key, recorded_at, detail = got[0]
+    assert detail["pid"] in {p.pid for p in procs}
+    raw = _raw(url)
+    layout = Layout(StoreURL.parse(url).options["prefix"])
+    try:
+        assert raw.hlen(layout.effect_rows) == 1
+        assert raw.zcard(layout.effect_intent("c:orders", intent.root_id)) == 1
+    finally:
+        raw.close()
+    with fencing.open(url) as store:
+        (fx,) = store.collection("orders").effects(intent)
+        assert (fx.idempotency_key, fx.recorded_at) == (key, recorded_at)
+
+
+def test_prune_keeps_effects_and_settle_loses_none(url: str, opener: Callable[..., Any]) -> None:
+    """prune forgets applied ids only: an unsettled effect is still there to settle after
+    it, and a settled one stays listed until reconciled."""
+    store = opener(url)
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 0})
+    orders.create("o-2", {"n": 0})
+    settled_first = orders.intent("o-1", "a")
+    settled_later = orders.intent("o-2", "b")
+    one = orders.effect(settled_first, "charge")
+    two = orders.effect(settled_later, "charge")
+    orders.commit(orders.intent("o-1", "move"), {"n": 1})
+    orders.commit(orders.intent("o-2", "move"), {"n": 1})
+    assert isinstance(orders.commit(settled_first, {"n": 2}), fencing.Stale)
+    time.sleep(0.01)
+    assert store.prune(0.001) == 2  # the two "move" ids
+    assert [e.idempotency_key for e in store.effects_to_reconcile()] == [one.idempotency_key]
+    assert isinstance(orders.commit(settled_later, {"n": 2}), fencing.Stale)
+    listed = store.effects_to_reconcile()
+    assert [(e.idempotency_key, e.outcome) for e in listed] == [
+        (one.idempotency_key, "stale"),
+        (two.idempotency_key, "stale"),
+    ]
+    assert listed[1].updated_at >= listed[1].recorded_at == two.recorded_at
+
+
+def test_effects_keep_text_exactly(url: str, opener: Callable[..., Any]) -> None:
+    """Rows go through Lua's cjson: non-ASCII, escapes, slashes, big and float numbers in
+    detail and keys come back as given (the detail is text to cjson); times are the
+    server's clock in seconds."""
+    store = opener(url)
+    orders = store.collection("orders")
+    key = 'ü/✓ "q" \\ 𝄞'
+    orders.create(key, {"n": 0})
+    detail = {"text": 'Zoë\n\t/\\"✓\u2028', "big": 2**62, "f": 0.1, "none": None, "l": [1, []]}
+    intent = orders.intent(key, "charge")
+    fx = orders.effect(intent, "charge", detail=detail)
+    assert (fx.key, fx.detail) == (key, detail)
+    assert abs(fx.recorded_at - time.time()) < 600  # epoch seconds, not microseconds
+    done = orders.effect_done(fx, detail={"ref": "ch_/1"})
+    assert done.detail == {"ref": "ch_/1"} and done.recorded_at == fx.recorded_at
+    assert store.get_effect(fx.idempotency_key) == done
+
+
+def test_effect_writes_wait_for_replicas(url: str, opener: Callable[..., Any]) -> None:
+    """With wait_replicas, an effect write that too few replicas acknowledged is
+    TransientStoreError; it is on the primary, and a retry gets the same row."""
+    plain = opener(url)
+    orders = plain.collection("orders")
+    orders.create("o-1", {"n": 0})
+    intent = orders.intent("o-1", "charge")
+    waiting = opener(f"{url}&wait_replicas=1&wait_timeout_ms=20").collection("orders")
+    with pytest.raises(TransientStoreError, match="replicas acknowledged"):
+        waiting.effect(intent, "charge", detail={"try": 1})
+    fx = orders.effect(intent, "charge", detail={"try": 2})
+    assert fx.detail == {"try": 1}  # the first recording won
+    with pytest.raises(TransientStoreError, match="replicas acknowledged"):
+        waiting.effect_done(fx)
+    assert plain.get_effect(fx.idempotency_key).status == "done"
+    assert waiting.effects(intent) == [plain.get_effect(fx.idempotency_key)]  # reads: no WAIT

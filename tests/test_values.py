@@ -33,11 +33,11 @@ from fencing import (
 from fencing._policy import (
     Acquire,
     CallReconcile,
-    Settle,
     Commit,
     Decide,
     Probe,
     Renew,
+    Settle,
     Sleep,
     StalePolicy,
     acquire_flow,

@@ -887,14 +887,18 @@ def _run_rich(config: DemoConfig) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     console = Console()
+    if config.queue is not None:  # a missing extra or a broker down: say so before anything
+        from ._queue_demo import preflight
+
+        preflight(config)
     specs = make_schedule(config.seed, config.tasks, config.keys)
     console.print(_intro(config, specs))
     if config.store:
         console.print(f"[dim]store: {config.store}[/]")
     if config.queue is not None:
-        from ._queue_demo import broker_url
+        from ._queue_demo import shown_broker
 
-        console.print(f"[dim]broker: {broker_url(config)}[/]")
+        console.print(f"[dim]broker: {shown_broker(config)}[/]")
     progress = Progress(
         "[progress.description]{task.description}",
         BarColumn(),

@@ -32,7 +32,7 @@ from ._errors import (
 )
 from ._policy import outcome_for
 from ._rules import LeaseRef, LeaseRow, check_ttl
-from ._validate import check_column, check_key, check_name, dump_state, is_unicode
+from ._validate import check_column, check_key, check_name, compact_json, dump_state, is_unicode
 from ._values import Fenced, Intent, Outcome, Record
 from .backends._contract import CommitRequest, CommitResult, LeaseAnswer, Target
 
@@ -65,7 +65,7 @@ class StoreOptions:
 class TargetOps:
     """Pure checks and answers for one collection or table."""
 
-    __slots__ = ("_columns", "_options", "_store", "name", "target")
+    __slots__ = ("_columns", "_options", "_store", "_writable", "name", "target")
 
     def __init__(self, store: object, options: StoreOptions, target: Target) -> None:
         self._store = store
@@ -73,6 +73,7 @@ class TargetOps:
         self.target = target
         self.name = target.name
         self._columns: frozenset[str] | None = None
+        self._writable: frozenset[str] = frozenset()  # columns a state was allowed to set
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -140,30 +141,68 @@ class TargetOps:
             self._check_columns(state)
         return text
 
+    def _admit(self, column: object) -> str:
+        """Check a column a state sets, once per front: then it is a set lookup."""
+        if not isinstance(column, str):
+            raise InvalidState(f"state keys must be strings, not {column!r}")
+        if not is_unicode(column):
+            raise InvalidState("a state key holds a lone surrogate")
+        check_column(column)
+        assert self._columns is not None and isinstance(column, str)
+        target = self.target
+        if column in (target.key_column, target.version_column):
+            raise InvalidState(f"column {column!r} is managed by fencing and cannot be set")
+        if column not in self._columns:
+            raise SchemaError(f"table {self.name!r} has no column {column!r}")
+        self._writable = self._writable | {column}
+        return column
+
     def _check_columns(self, state: Mapping[str, Any]) -> None:
+        """Check a table state's values and size (as ``dump_state`` would), then its
+        columns against the table."""
         if not state:
             raise InvalidState(f"a commit to table {self.name!r} must set at least one column")
-        assert self._columns is not None
-        target = self.target
+        chars = 0
         for column, value in state.items():
-            check_column(column)
-            if column in (target.key_column, target.version_column):
-                raise InvalidState(f"column {column!r} is managed by fencing and cannot be set")
-            if column not in self._columns:
-                raise SchemaError(f"table {self.name!r} has no column {column!r}")
-            if value is not None and not isinstance(value, str | int | float | bool):
-                raise InvalidState(
-                    f"column {column!r} takes a string, number, boolean or None,"
-                    f" not {type(value).__name__}"
-                )
-            if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            kind = type(value)
+            if kind is str:
+                chars += len(value)
+                if value.isascii() or is_unicode(value):
+                    continue
+                raise InvalidState(f"column {column!r} holds a lone surrogate")
+            if kind is int:
+                if -(2**63) <= value < 2**63:
+                    continue
                 raise InvalidState(f"column {column!r} takes integers within 64 bits")
-            if isinstance(value, float) and not math.isfinite(value):
+            if value is None or kind is bool:
+                continue
+            if kind is float:
+                if math.isfinite(value):
+                    continue
                 raise InvalidState(f"column {column!r} must be finite")
+            # subclasses of str/int/float (enums, numpy scalars, ...) are not column values
+            raise InvalidState(
+                f"column {column!r} takes a string, number, boolean or None, not {kind.__name__}"
+            )
+        # A JSON character takes at most 6 bytes (an escape); a column's name, number
+        # and punctuation under 100. Below that bound the state surely fits; else measure.
+        limit = self._options.max_state_bytes
+        if 6 * chars + 100 * len(state) + 2 > limit:
+            size = len(compact_json(dict(state)).encode())
+            if size > limit:
+                raise InvalidState(f"state is {size} bytes of JSON, above {limit}")
+        writable = self._writable
+        for column in state:
+            if column not in writable:
+                self._admit(column)
 
     def _request(self, intent: object, state: object, lease: object) -> CommitRequest:
         checked = self._check_intent(intent)
-        ref = self._lease_ref(lease)
+        ref = None if lease is None else self._lease_ref(lease)
+        if self.target.kind == "table" and type(state) is dict:
+            # flat column values, checked in full here; their JSON only if a backend asks
+            self._check_columns(state)
+            return CommitRequest(self.target, checked, state, None, ref)
         text = self._state_json(state)
         assert isinstance(state, Mapping)
         return CommitRequest(self.target, checked, state, text, ref)

@@ -16,6 +16,7 @@ __all__ = [
     "check_guard",
     "check_key",
     "check_name",
+    "compact_json",
     "dump_state",
 ]
 
@@ -89,6 +90,10 @@ def _reject(value: Any) -> Any:
 _ENCODER = json.JSONEncoder(
     separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_reject
 )
+
+
+#: JSON text of an already validated value (``dump_state``'s encoding, without its checks).
+compact_json = _ENCODER.encode
 
 
 def dump_state(state: object, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> str:

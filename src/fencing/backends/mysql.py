@@ -50,6 +50,24 @@ How a commit works
     derivations share) waits on the first one's row lock and, once the first
     transaction commits, finds the row and reports ``Duplicate``.
 
+Effects
+    ``fencing_effects`` holds one row per idempotency key (``EFFECT_COLUMNS``; times are
+    the server's clock as ``DOUBLE`` epoch seconds). Each operation is one round trip::
+
+        record   INSERT ... ON DUPLICATE KEY UPDATE (a no-op that only locks); SELECT the row
+        mark     START TRANSACTION; lock the row; SET @f_now; UPDATE; SELECT the row; COMMIT
+        settle   START TRANSACTION; lock the intent's unsettled rows; SET @f_now;
+                 UPDATE ... WHERE outcome IS NULL; SELECT the intent's settled rows; COMMIT
+        list     one SELECT ... ORDER BY recorded_at, idempotency_key LIMIT n
+
+    Concurrent recordings of one key queue on the first one's row lock and get its row
+    back: the first recording wins. After the settling UPDATE every effect of the intent
+    it saw has an outcome; an effect recorded after it (READ COMMITTED takes no gap
+    locks) still has none and is left out of the answer, as if recorded after the settle.
+    Neither server has partial indexes: the effects to reconcile are indexed by the
+    generated column ``open_since`` (``recorded_at`` while settled and not reconciled,
+    else NULL), read in order from that index.
+
 Isolation
     InnoDB, ``READ COMMITTED`` for every session, deliberately: every statement reads the
     latest committed rows (a ``REPEATABLE READ`` snapshot taken early in a transaction
@@ -118,9 +136,10 @@ import weakref
 from collections.abc import Callable, Generator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import unquote
 
+from .._effects import EFFECT_COLUMNS, Effect, EffectQuery, NewEffect, effect_from_row
 from .._errors import (
     AlreadyExists,
     ConfigurationError,
@@ -134,7 +153,7 @@ from .._errors import (
 )
 from .._rules import LeaseRow, Status, judge
 from .._values import Record
-from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
+from ._contract import AsyncBackend, Backend, CommitRequest, CommitResult, LeaseAnswer, Target
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -146,7 +165,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2  # 2: fencing_effects (1 -> 2 only added a table)
 
 # -- the library's own tables, as reviewed text ---------------------------------------
 _TABLE_OPTIONS: Final = (
@@ -188,8 +207,33 @@ SCHEMA: Final = (
     f" `key` VARBINARY(2048) NOT NULL,"
     f" version BIGINT NOT NULL,"
     f" PRIMARY KEY (collection, `key`)) {_TABLE_OPTIONS}",
+    # recorded effects (``fencing._effects``): the columns of EFFECT_COLUMNS, then
+    # ``open_since``, ``recorded_at`` of an effect that needs reconciling (else NULL): its
+    # index stands in for a partial index (neither server has one), so the effects to
+    # reconcile are read in order from the index, never by scanning the settled ones
+    f"CREATE TABLE IF NOT EXISTS fencing_effects ("
+    f" idempotency_key CHAR(43) {_ASCII} NOT NULL PRIMARY KEY,"
+    f" scope VARCHAR(130) {_ASCII} NOT NULL,"
+    f" record_key TEXT NOT NULL,"
+    f" intent_id VARCHAR(128) {_ASCII} NOT NULL,"
+    f" transition VARCHAR(128) {_ASCII} NOT NULL,"
+    f" name VARCHAR(128) {_ASCII} NOT NULL,"
+    f" status VARCHAR(16) {_ASCII} NOT NULL,"
+    f" detail LONGTEXT NULL,"
+    f" outcome VARCHAR(16) {_ASCII} NULL,"
+    f" reconciled_at DOUBLE NULL,"
+    f" recorded_at DOUBLE NOT NULL,"
+    f" updated_at DOUBLE NOT NULL,"
+    f" open_since DOUBLE GENERATED ALWAYS AS"
+    f" (IF(outcome IS NOT NULL AND reconciled_at IS NULL, recorded_at, NULL)) STORED,"
+    f" KEY fencing_effects_intent (scope, intent_id, recorded_at),"
+    f" KEY fencing_effects_open (open_since)) {_TABLE_OPTIONS}",
 )
 _SCHEMA_ROW: Final = "INSERT IGNORE INTO fencing_schema (component, version) VALUES ('core', %s)"
+# 1 -> 2 only added a table (made above, IF NOT EXISTS); a newer version is left alone
+_SCHEMA_BUMP: Final = (
+    "UPDATE fencing_schema SET version = %s WHERE component = 'core' AND version < %s"
+)
 _SCHEMA_READ: Final = "SELECT version FROM fencing_schema WHERE component = 'core'"
 
 # -- statements -----------------------------------------------------------------------
@@ -291,6 +335,41 @@ _LEASE_RELEASE: Final = (
 _LEASE_READ: Final = (
     "SELECT {now}, l.owner, l.token, l.expires_at FROM (SELECT 1 AS one) AS d"
     " LEFT JOIN fencing_leases AS l ON l.name = %s"
+)
+
+# Effects: rows keyed by their idempotency key (see "Effects" in the module docstring).
+_EFFECT_ROW: Final = ", ".join(EFFECT_COLUMNS)
+_EFFECT_SELECT: Final = f"SELECT {_EFFECT_ROW} FROM fencing_effects WHERE "
+_EFFECT_ORDER: Final = " ORDER BY recorded_at, idempotency_key"
+_EFFECT_BY_KEY: Final = "idempotency_key = %s"
+_EFFECT_BY_INTENT: Final = "scope = %s AND intent_id = %s"
+_EFFECT_OPEN: Final = "open_since IS NOT NULL"  # outcome set, reconciled_at NULL
+# The first recording wins: a duplicate key only takes the row's lock (no change), so
+# concurrent recordings of one key wait for the first to commit and then find its row.
+# (Not INSERT IGNORE: that would also turn a value the column cannot hold into a warning.)
+_EFFECT_RECORD: Final = (
+    f"INSERT INTO fencing_effects ({_EFFECT_ROW})"
+    f" VALUES (%s, %s, %s, %s, %s, %s, %s, %s, NULL, NULL, {_NOW}, {_NOW})"
+    " ON DUPLICATE KEY UPDATE idempotency_key = idempotency_key"
+)
+_EFFECT_LOCK: Final = "SELECT 1 FROM fencing_effects WHERE idempotency_key = %s FOR UPDATE"
+_EFFECT_MARK: Final = (
+    "UPDATE fencing_effects SET status = COALESCE(%s, status), detail = COALESCE(%s, detail),"
+    " reconciled_at = IF(%s, COALESCE(reconciled_at, @f_now), reconciled_at),"
+    " updated_at = @f_now WHERE idempotency_key = %s"
+)
+_EFFECT_LOCK_OPEN: Final = (
+    "SELECT 1 FROM fencing_effects WHERE scope = %s AND intent_id = %s AND outcome IS NULL"
+    " FOR UPDATE"
+)
+_EFFECT_SETTLE: Final = (
+    "UPDATE fencing_effects SET outcome = %s, updated_at = @f_now"
+    " WHERE scope = %s AND intent_id = %s AND outcome IS NULL"
+)
+# Every effect of the intent the UPDATE saw now has an outcome; one recorded since it
+# (READ COMMITTED takes no gap locks) is left out, as if recorded after the settle.
+_EFFECT_SETTLED: Final = (
+    _EFFECT_SELECT + _EFFECT_BY_INTENT + " AND outcome IS NOT NULL" + _EFFECT_ORDER
 )
 
 # Errors: the driver's error numbers (server and client) fencing treats as transient.
@@ -727,10 +806,66 @@ def lease_state_flow(name: str) -> Flow[LeaseAnswer]:
     return _lease_answer(name, results[0], False)
 
 
+# -- effects --------------------------------------------------------------------------
+def _effects_of(result: Result) -> list[Effect]:
+    return [effect_from_row(row) for row in result.rows]
+
+
+def record_effect_flow(row: NewEffect) -> Flow[Effect]:
+    """Insert unless the key exists, then read the stored row: one round trip."""
+    script = _Script()
+    script.add(_EFFECT_RECORD, *row)
+    read = script.add(_EFFECT_SELECT + _EFFECT_BY_KEY, row[0])
+    results = yield script.batch()
+    return _effects_of(results[read])[0]
+
+
+def mark_effect_flow(
+    idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+) -> Flow[Effect | None]:
+    """Lock the row, read the clock, change it, read it back: one transaction."""
+    script = _Script("START TRANSACTION")
+    script.add(_EFFECT_LOCK, idempotency_key)
+    script.add(_SET_NOW)
+    script.add(_EFFECT_MARK, status, detail_json, bool(reconcile), idempotency_key)
+    read = script.add(_EFFECT_SELECT + _EFFECT_BY_KEY, idempotency_key)
+    script.add("COMMIT")
+    results = yield script.batch()
+    found = _effects_of(results[read])
+    return found[0] if found else None
+
+
+def settle_effects_flow(scope: str, intent_id: str, outcome: str) -> Flow[list[Effect]]:
+    """Lock the intent's unsettled effects, read the clock, settle them and read all of
+    the intent's effects back, in one transaction (one round trip)."""
+    script = _Script("START TRANSACTION")
+    script.add(_EFFECT_LOCK_OPEN, scope, intent_id)
+    script.add(_SET_NOW)
+    script.add(_EFFECT_SETTLE, outcome, scope, intent_id)
+    read = script.add(_EFFECT_SETTLED, scope, intent_id)
+    script.add("COMMIT")
+    results = yield script.batch()
+    return _effects_of(results[read])
+
+
+def list_effects_flow(query: EffectQuery) -> Flow[list[Effect]]:
+    params: tuple[Any, ...]
+    if query.idempotency_key is not None:
+        where, params = _EFFECT_BY_KEY, (query.idempotency_key,)
+    elif query.intent_id is not None:
+        where, params = _EFFECT_BY_INTENT, (query.scope, query.intent_id)
+    else:
+        where, params = _EFFECT_OPEN, ()
+    order = " ORDER BY open_since, idempotency_key" if not params else _EFFECT_ORDER
+    results = yield _one(_EFFECT_SELECT + where + order + " LIMIT %s", *params, int(query.limit))
+    return _effects_of(results[0])
+
+
 # -- the rest of the contract ---------------------------------------------------------
 def migrate_flow() -> Flow[None]:
     script = _Script(*SCHEMA)
     script.add(_SCHEMA_ROW, SCHEMA_VERSION)
+    script.add(_SCHEMA_BUMP, SCHEMA_VERSION, SCHEMA_VERSION)
     at = script.add(_SCHEMA_READ)
     results = yield script.batch()
     version = int(results[at].rows[0][0])
@@ -1125,6 +1260,20 @@ class MySQLBackend:
     def prune(self, older_than: float) -> int:
         return self._run(lambda: prune_flow(older_than))
 
+    def record_effect(self, row: NewEffect) -> Effect:
+        return self._run(lambda: record_effect_flow(row))
+
+    def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Effect | None:
+        return self._run(lambda: mark_effect_flow(idempotency_key, status, detail_json, reconcile))
+
+    def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
+        return self._run(lambda: settle_effects_flow(scope, intent_id, outcome))
+
+    def list_effects(self, query: EffectQuery) -> list[Effect]:
+        return self._run(lambda: list_effects_flow(query))
+
 
 # -- async: aiomysql's pool --------------------------------------------------------------
 @functools.cache
@@ -1289,6 +1438,28 @@ class AsyncMySQLBackend:
 
     async def prune(self, older_than: float) -> int:
         return await self._run(lambda: prune_flow(older_than))
+
+    async def record_effect(self, row: NewEffect) -> Effect:
+        return await self._run(lambda: record_effect_flow(row))
+
+    async def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Effect | None:
+        return await self._run(
+            lambda: mark_effect_flow(idempotency_key, status, detail_json, reconcile)
+        )
+
+    async def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
+        return await self._run(lambda: settle_effects_flow(scope, intent_id, outcome))
+
+    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+        return await self._run(lambda: list_effects_flow(query))
+
+
+if TYPE_CHECKING:  # both drivers keep the contract
+
+    def _conforms(sync: MySQLBackend, aio: AsyncMySQLBackend) -> tuple[Backend, AsyncBackend]:
+        return sync, aio
 
 
 def open_backend(url: Any, **options: Any) -> MySQLBackend:

@@ -20,6 +20,7 @@ States are JSONB: key order is not kept, and numbers are decimals: a float that
 JSON writes in exponent form (``1e16`` and up) reads back as an integer (``1.5e300``
 as ``15`` and 299 zeros; ``float()`` of it gives the float back). A forked child
 (RQ, Celery prefork) never touches its parent's connections: it opens its own pool.
+Recorded effects (``fencing._effects``) are in ``_postgres_effects``: one statement each.
 
 How one statement stays atomic under READ COMMITTED
 ---------------------------------------------------
@@ -46,10 +47,22 @@ then says why, with no second read.
   claim's ``applied_at`` is NULL, its ``NOT NULL`` constraint rolls the statement
   back, and the re-run reports ``Fenced``.
 
-A batch (``commit_many``) is a psycopg pipeline of those statements with a single
-Sync: one round trip, one implicit transaction, each statement seeing the ones
-before it. Lease acquire, renew and release are each one statement; tokens only
-ever grow (``token + 1`` on the row that is never deleted).
+A batch (``commit_many``) to a collection whose keys are all distinct is ONE
+statement too: the items travel as one JSON document (``json_to_recordset ... WITH
+ORDINALITY``), each item's claim is looked up once by primary key, one ``UPDATE ...
+FROM`` the items applies each item whose own conditions hold (version, guard, not
+yet applied, fence and live lease), the claims are inserted from its output, and
+the answer is one row per item, in order, laid out like a single commit's (the
+refused ones with the record as the snapshot saw it). Items go in key order, so
+concurrent batches take their row locks in one order; a batch that is a
+deadlock's victim anyway was rolled back whole and runs again. A batch that
+repeats a key (a later item must see the earlier one's write) and a guarded
+table's batch (its items may write different columns) are a psycopg pipeline of
+single commits with one Sync instead: one round trip, one implicit transaction,
+each statement seeing the ones before it. Either way an item refused by a
+concurrent writer is re-read, and reported stale. Lease acquire, renew and
+release are each one statement; tokens only ever grow (``token + 1`` on the row
+that is never deleted).
 
 Errors are translated at the boundary::
 
@@ -64,6 +77,7 @@ Errors are translated at the boundary::
 from __future__ import annotations
 
 import json
+import json.encoder
 import os
 import re
 import threading
@@ -91,6 +105,7 @@ from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._validate import check_column
 from .._values import Record
 from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
+from ._postgres_effects import AsyncPostgresEffects, PostgresEffects, effects_ddl
 
 try:
     import psycopg
@@ -116,7 +131,10 @@ __all__ = [
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
+# ``json.dumps`` of a str with the default options, in C
+_json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
+
+SCHEMA_VERSION: Final = 2  # 2: fencing_effects (1 -> 2 only added a table and its indexes)
 
 # How often a statement refused by a concurrent writer (or rolled back by a
 # concurrent claim of the same intent) is run again before giving up.
@@ -193,6 +211,15 @@ _COLLECTION_PROBE: Final = (
     " LEFT JOIN fencing_records r ON r.collection = %(name)s AND r.key = %(key)s"
     " LEFT JOIN fencing_leases l ON l.name = %(lease)s"
 )
+# Without a lease there is no lease row to report: one relation less to open on
+# every statement (a commit's probe half is planned and initialised even when the
+# UPDATE applies).
+_COLLECTION_READ: Final = (
+    f"SELECT false, {_IS_APPLIED}, r.fence, NULL::text, NULL::bigint, NULL::float8, {_NOW},"
+    " r.version, r.state"
+    " FROM (SELECT 1) AS fencing_one"
+    " LEFT JOIN fencing_records r ON r.collection = %(name)s AND r.key = %(key)s"
+)
 # A record created again after a delete continues the deleted one's versions, so an
 # intent decided against the deleted record can never match the new one.
 _CREATE: Final = (
@@ -268,7 +295,59 @@ def _collection_commit(guarded: bool, fenced: bool) -> str:
         f" SELECT %(scope)s, %(id)s, %(key_json)s, {_NOW} FROM fencing_upd)"
         " SELECT true, false, u.fence, NULL::text, NULL::bigint, NULL::float8,"
         f" {_NOW}, u.version, NULL::jsonb FROM fencing_upd u"
-        f" UNION ALL ({_COLLECTION_PROBE} WHERE NOT EXISTS (SELECT 1 FROM fencing_upd))"
+        f" UNION ALL ({_COLLECTION_PROBE if fenced else _COLLECTION_READ}"
+        " WHERE NOT EXISTS (SELECT 1 FROM fencing_upd))"
+    )
+
+
+@lru_cache(maxsize=2)
+def _collection_batch(fenced: bool) -> str:
+    """A whole batch of commits to one collection in ONE statement (distinct keys).
+
+    The items come as one JSON array of objects (``json_to_recordset ... WITH
+    ORDINALITY``: ``n`` is the item's place; ``k`` key, ``j`` its JSON text, ``i``
+    claim id, ``v`` expected version, ``s`` state, ``g`` guard or null). Each
+    item's claim is looked up once (``seen``, a ``LIMIT 1`` lateral
+    lookup: always the primary key, never a scan of the scope); the ``UPDATE ...
+    FROM`` applies every item whose conditions hold, each on its own; the claims
+    are inserted from its output; the answer has one row per item, in order, in
+    the layout of a single commit's: the new version and fence when applied, else
+    the record as the statement's snapshot saw it (a lateral primary-key lookup,
+    only for the items not applied) and the lease row.
+    """
+    sets = ["state = i.s", "version = r.version + 1", f"updated_at = {_NOW}"]
+    where = [
+        "r.collection = %(name)s",
+        "r.key = i.k",
+        "r.version = i.v",
+        # jsonb containment of scalars is JSON equality: true is not 1, 1 is 1.0
+        "(i.g IS NULL OR r.state @> i.g)",
+        "NOT i.seen",
+    ]
+    lease_cols, lease_join = "NULL::text, NULL::bigint, NULL::float8", ""
+    if fenced:
+        sets.append("fence = greatest(r.fence, %(token)s::bigint)")
+        where += ["r.fence <= %(token)s::bigint", _LEASE_LIVE]
+        lease_cols = "l.owner, l.token, l.expires_at"
+        lease_join = " LEFT JOIN fencing_leases l ON l.name = %(lease)s"
+    return (
+        "WITH fencing_item AS MATERIALIZED (SELECT i.*, s.seen IS NOT NULL AS seen"
+        " FROM ROWS FROM (json_to_recordset(%(items)s::json)"
+        " AS (k text, j text, i text, v bigint, s jsonb, g jsonb))"
+        " WITH ORDINALITY AS i(k, j, i, v, s, g, n)"
+        " LEFT JOIN LATERAL (SELECT true AS seen FROM fencing_applied a"
+        " WHERE a.scope = %(scope)s AND a.intent_id = i.i LIMIT 1) AS s ON true),"
+        f" fencing_upd AS (UPDATE fencing_records AS r SET {', '.join(sets)}"
+        f" FROM fencing_item i WHERE {' AND '.join(where)}"
+        " RETURNING i.n, i.i, i.j, r.version, r.fence),"
+        " fencing_claim AS (INSERT INTO fencing_applied (scope, intent_id, key, applied_at)"
+        f" SELECT %(scope)s, u.i, u.j, {_NOW} FROM fencing_upd u)"
+        f" SELECT u.n IS NOT NULL, i.seen, coalesce(u.fence, r.fence), {lease_cols}, {_NOW},"
+        " coalesce(u.version, r.version), r.state"
+        " FROM fencing_item i LEFT JOIN fencing_upd u ON u.n = i.n"
+        " LEFT JOIN LATERAL (SELECT r.fence, r.version, r.state FROM fencing_records r"
+        " WHERE u.n IS NULL AND r.collection = %(name)s AND r.key = i.k LIMIT 1) AS r ON true"
+        f"{lease_join} ORDER BY i.n"
     )
 
 
@@ -382,6 +461,11 @@ class _Disconnected(TransientStoreError):
     """The connection was lost; the outcome of a write is unknown."""
 
 
+class _Deadlock(TransientStoreError):
+    """The server chose this statement as a deadlock's victim and rolled it back
+    whole: nothing was written, so a batch may simply run again."""
+
+
 _TRANSIENT: Final = frozenset({"40001", "40P01", "55P03", "57014", "53300", "53400"})
 _DISCONNECTED: Final = frozenset({"57P01", "57P02", "57P03"})
 _UNDEFINED: Final = frozenset({"42P01", "42703", "3F000"})
@@ -401,6 +485,8 @@ def translate(exc: Exception) -> FencingError:
         return InvalidInput(f"postgresql: text that cannot be encoded ({exc})")
     if isinstance(exc, PoolClosed):
         return StoreError("postgresql: the store is closed")
+    if state == "40P01":
+        return _Deadlock(text)
     if isinstance(exc, PoolTimeout) or state in _TRANSIENT:
         return TransientStoreError(text)
     if isinstance(exc, psycopg.OperationalError):
@@ -442,7 +528,10 @@ def _read_only(query: Query) -> Flow[Answer]:
     return result
 
 
-_OWN_TABLE: Final = re.compile(r"(?<![\w'\".])(fencing_(?:schema|records|applied|fences|leases))\b")
+_OWN_TABLE: Final = re.compile(
+    r"(?<![\w'\".])"
+    r"(fencing_(?:schema|records|applied|fences|leases|tombstones|effects))\b"
+)
 
 
 @lru_cache(maxsize=2048)
@@ -475,6 +564,7 @@ def migrate_flow(schema: str | None) -> Flow[None]:
     if schema is not None:
         queries.append(Query(f"CREATE SCHEMA IF NOT EXISTS {_quoted(schema)}"))
     queries += [Query(ddl) for ddl in _DDL]
+    queries += [Query(ddl) for ddl in effects_ddl(schema)]  # new in version 2
     queries.append(Query(_SCHEMA_VERSION))
     answers: list[Answer] = yield Pipeline(tuple(queries))
     _not_newer(answers[-1].rows[0][0])
@@ -494,17 +584,22 @@ def columns_flow(target: Target) -> Flow[frozenset[str]]:
     return names
 
 
+def _key_json(key: str | int) -> str:
+    """The JSON text of a key (``json.dumps``'s, without its per-call setup)."""
+    return _json_str(key) if isinstance(key, str) else json.dumps(key)
+
+
 def _probe_query(target: Target, key: str | int, claim_id: str | None, lease: str | None) -> Query:
     params = {
         "name": target.name,
         "key": key,
-        "key_json": json.dumps(key),
+        "key_json": _key_json(key),
         "scope": target.scope,
         "id": claim_id,
         "lease": lease,
     }
     if target.kind == "collection":
-        return Query(_COLLECTION_PROBE, params)
+        return Query(_COLLECTION_READ if lease is None else _COLLECTION_PROBE, params)
     return Query(_table_probe(target), params, names=True)
 
 
@@ -518,7 +613,7 @@ def _commit_query(request: CommitRequest) -> Query:
     params: dict[str, Any] = {
         "name": target.name,
         "key": intent.key,
-        "key_json": json.dumps(intent.key),
+        "key_json": _key_json(intent.key),
         "scope": target.scope,
         "id": request.claim_id,  # every derivation of one intent shares its claim
         "version": intent.expected_version,
@@ -616,22 +711,80 @@ def commit_flow(request: CommitRequest) -> Flow[CommitResult]:
     return CommitResult(Status.STALE, result.record)
 
 
-def commit_many_flow(requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
-    """One pipeline, one transaction; items refused by a concurrent writer are re-read."""
-    batch = Pipeline(tuple(_commit_query(r) for r in requests))
+def _batch_query(requests: Sequence[CommitRequest]) -> tuple[Query, list[int]] | None:
+    """The one-statement batch and the items' order in it; None for the shapes it
+    does not take: a guarded table's, or a key twice (a later item must see the one
+    before it: only one statement per item, in order, gives that)."""
+    first = requests[0]
+    if first.target.kind != "collection":
+        return None
+    keys = [r.intent.key for r in requests]
+    if len(set(keys)) != len(keys):
+        return None
+    # The items go in key order, so batches over the same keys take their row locks
+    # in the same order and seldom wait for each other in a circle; a deadlock that
+    # happens anyway rolls the batch back whole, and it runs again (``_run_batch``).
+    order = sorted(range(len(requests)), key=keys.__getitem__)
+    lease = first.lease  # one lease (or none) for the whole batch
+    # The items as one JSON document (json_to_recordset): the states go in as the
+    # canonical JSON they already are, and the server parses the lot at C speed.
+    dumps = json.dumps
+    rows = []
+    for i in order:
+        r = requests[i]
+        key_json = _key_json(keys[i])
+        guard = "null" if r.intent.guard is None else dumps(dict(r.intent.guard))
+        rows.append(
+            f'{{"k":{key_json},"j":{dumps(key_json)},"i":{dumps(r.claim_id)},'
+            f'"v":{r.intent.expected_version},"s":{r.state_json},"g":{guard}}}'
+        )
+    params: dict[str, Any] = {
+        "name": first.target.name,
+        "scope": first.target.scope,
+        "items": f"[{','.join(rows)}]",
+    }
+    if lease is not None:
+        params["lease"], params["token"] = lease.name, lease.token
+    return Query(_collection_batch(lease is not None), params), order
+
+
+def _run_batch(step: Step) -> Flow[Any]:
+    """Run a batch (one statement or one pipeline: one transaction either way) again
+    when it rolled back whole: a concurrent claim of one of its intents, or chosen
+    as a deadlock's victim. Nothing was written; bounded."""
     for attempt in range(1, _ATTEMPTS + 1):
         try:
-            answers: list[Answer] = yield batch
-            break
-        except _Retry:  # the whole batch rolled back: nothing was written
+            return (yield step)
+        except (_Retry, _Deadlock):
             if attempt == _ATTEMPTS:
                 raise
-    results = [_commit_result(r, a) for r, a in zip(requests, answers, strict=True)]
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def commit_many_flow(requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
+    """One statement for a collection's batch of distinct keys, else one pipeline of
+    single commits; one transaction, one round trip. Items refused by a concurrent
+    writer are re-read."""
+    batch = _batch_query(requests)
+    if batch is not None:
+        query, order = batch
+        found: Answer = yield from _run_batch(query)
+        # one row per item, in the statement's (key) order: back to the caller's
+        by_item = {
+            i: _commit_result(requests[i], Answer((), [row], 1))
+            for i, row in zip(order, found.rows, strict=True)
+        }
+        results = [by_item[i] for i in range(len(requests))]
+    else:
+        answers: list[Answer] = yield from _run_batch(
+            Pipeline(tuple(_commit_query(r) for r in requests))
+        )
+        results = [_commit_result(r, a) for r, a in zip(requests, answers, strict=True)]
     unclear = [i for i, res in enumerate(results) if res.status is Status.OK]
     if unclear:
         probes: list[Answer] = yield Pipeline(tuple(_request_probe(requests[i]) for i in unclear))
-        for i, found in zip(unclear, probes, strict=True):
-            res = _judged(requests[i], found)
+        for i, found_now in zip(unclear, probes, strict=True):
+            res = _judged(requests[i], found_now)
             # Still applicable now: it lost to a concurrent writer inside the batch's
             # order, so, like any write that lost a race, it is stale.
             status = Status.STALE if res.status is Status.OK else res.status
@@ -801,7 +954,7 @@ class _Base:
 _INHERITED: list[object] = []
 
 
-class PostgresBackend(_Base):
+class PostgresBackend(PostgresEffects, _Base):
     """The synchronous driver over a ``psycopg_pool.ConnectionPool``."""
 
     def __init__(self, config: Config) -> None:
@@ -914,7 +1067,7 @@ def _forget_after_fork(ref: weakref.ReferenceType[PostgresBackend]) -> None:
         backend._lock = threading.Lock()
 
 
-class AsyncPostgresBackend(_Base):
+class AsyncPostgresBackend(AsyncPostgresEffects, _Base):
     """The asyncio driver over a ``psycopg_pool.AsyncConnectionPool``."""
 
     def __init__(self, config: Config) -> None:

@@ -44,6 +44,14 @@ table row's key ``<table_prefix>T:K``)::
     P:t:T:{R}:applied        a table row's applied intents
     P:t:T:{R}:fence          a table row's fence (the highest token that wrote it)
     R                        a guarded table row: a hash the user owns
+    P:fx:{P}:rows            every recorded effect: a hash of idempotency key -> the row,
+                             a JSON array in ``EFFECT_COLUMNS`` order (times are integer
+                             microseconds of the server's clock, as text; NULL is null)
+    P:fx:{P}:intent:D        one intent's effects: a sorted set of their keys scored by
+                             recorded_at (``D``: a digest of the scope and the intent's
+                             root id, which may both hold ``:``)
+    P:fx:{P}:open            the effects that need reconciling (settled, not reconciled):
+                             a sorted set of their keys scored by recorded_at
 
 The collection name appears outside the braces so that collection ``a`` key ``b/c`` and
 collection ``a/b`` key ``c`` never share a key. Lease hashes have no TTL and are never
@@ -59,6 +67,20 @@ its fence share one hash slot, and a lease shares it when it is named after the 
 be atomic in a Cluster and is refused with ``InvalidInput`` before anything is sent.
 ``commit_many`` sends one pipeline that redis-py splits per node. ``wait_replicas`` is not
 available with ``cluster=true``.
+
+Effects (``fencing._effects``): each effect operation is one script, so one atomic step
+and one round trip: ``record_effect`` writes the row only if its key is absent and
+returns the stored row either way (the first recording wins, however many processes
+race); ``mark_effect`` and ``settle_effects`` rewrite rows and keep ``P:fx:{P}:open`` in
+step with them (settling adds an effect that is not reconciled, reconciling removes it);
+``list_effects`` reads an index and its rows in one step, oldest first (recorded_at, then
+the key: a sorted set orders equal scores by member). Every effects key carries the hash
+tag ``{P}``, so every script touches one slot and is Redis Cluster safe; the price is
+that a store's effects are never spread over a Cluster's nodes: they all live on the
+node of that slot. Effects are rare (one per external call a task makes), so this is
+the layout chosen. Effects are kept: ``prune`` forgets applied intent ids only, never an
+effect, as on every other backend, so a settled effect stays listed until it is
+reconciled, however late. ``wait_replicas`` applies to the effect writes too.
 
 Guarded tables: a row is the hash ``<table_prefix><table>:<key>`` (an integer key is
 written in decimal, so the keys ``42`` and ``"42"`` name the same row). Redis has no
@@ -126,6 +148,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import unquote
 
+from .._effects import Effect, EffectQuery, NewEffect, effect_from_row
 from .._errors import (
     AlreadyExists,
     ConfigurationError,
@@ -162,6 +185,7 @@ __all__ = [
     "Settings",
     "check_slots",
     "commit_result",
+    "effect_reply",
     "field_text",
     "judge_call",
     "judge_reply",
@@ -172,7 +196,8 @@ __all__ = [
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
+#: 2: effects (1 -> 2 only added keys, which the scripts make on first use)
+SCHEMA_VERSION: Final = 2
 #: The error code the scripts use for a table row fencing cannot read.
 SCHEMA_ERROR: Final = "FENCING_SCHEMA"
 #: Integers a Lua number (a double) holds exactly.
@@ -208,6 +233,11 @@ def _load_scripts() -> dict[str, Script]:
         "lease_state",
         "prune",
         "declare",
+        "migrate",
+        "record_effect",
+        "mark_effect",
+        "settle_effects",
+        "list_effects",
     ):
         shebang, body = root.joinpath(f"{name}.lua").read_text("utf-8").split("\n", 1)
         assert shebang.startswith("#!lua"), name
@@ -284,6 +314,30 @@ class Layout:
     @property
     def schema(self) -> str:
         return f"{self.prefix}:schema"
+
+    @property
+    def effects(self) -> str:
+        """The start of every effects key: one hash tag (one slot) for all of them."""
+        return f"{self.prefix}:fx:{{{self.prefix}}}"
+
+    @property
+    def effect_rows(self) -> str:
+        """The hash of every effect: idempotency key -> its row as JSON."""
+        return f"{self.effects}:rows"
+
+    @property
+    def effects_open(self) -> str:
+        """The keys of the effects that need reconciling, scored by recorded_at."""
+        return f"{self.effects}:open"
+
+    def effect_intent(self, scope: str, intent_id: str) -> str:
+        """The keys of one intent's effects, scored by recorded_at.
+
+        Named by a digest: scopes and intent ids may hold ``:``, and the name must never
+        end in ``:applied`` (``prune`` scans those).
+        """
+        digest = hashlib.sha256(f"{scope}\n{intent_id}".encode()).hexdigest()[:40]
+        return f"{self.effects}:intent:{digest}"
 
     @property
     def applied_pattern(self) -> str:
@@ -745,10 +799,10 @@ def migrate_flow(settings: Settings) -> Flow[None]:
                     " could forget records, applied intents and lease tokens. Use noeviction"
                     " (or a volatile-* policy), or pass allow_eviction=true to accept the risk"
                 )
-    _, found = yield from _send(
-        [("SET", layout.schema, str(SCHEMA_VERSION), "NX"), ("GET", layout.schema)]
-    )
-    version = _int(found)
+    # one script: set the version on a new store, raise an older one (1 -> 2 only
+    # added keys), leave a newer one to be refused below
+    call = _call(layout, "migrate", [layout.schema], [str(SCHEMA_VERSION)])
+    version = _int((yield from _one(settings, call, write=False)))
     if version > SCHEMA_VERSION:
         raise SchemaError(
             f"this store's schema is version {version}, newer than this fencing"
@@ -846,6 +900,71 @@ def prune_flow(settings: Settings, older_than: float) -> Flow[int]:
             calls = [Call(SCRIPTS["prune"], (_text(k),), (age,)) for k in keys]
             removed += sum(_int(r) for r in (yield from _eval(settings, calls, write=False)))
     return removed
+
+
+def effect_reply(reply: object) -> Effect:
+    """A stored effect row (JSON, see ``record_effect.lua``) as an :class:`Effect`.
+
+    The scripts keep times as integer microseconds of the server's clock (text); the
+    row is handed to ``effect_from_row`` with them as seconds, like every other time.
+    """
+    try:
+        row = _list(json.loads(_text(reply)), 12)
+    except ValueError as exc:
+        raise StoreError(f"redis: an effect row is not JSON ({exc})") from exc
+    for i in (9, 10, 11):
+        if row[i] is not None:
+            row[i] = _int(row[i]) / 1e6
+    return effect_from_row(row)
+
+
+def _optional(text: str | None) -> str:
+    """A value the scripts may leave alone: ``'='`` and the text, or ``'-'`` for None."""
+    return "-" if text is None else "=" + text
+
+
+def record_effect_flow(settings: Settings, row: NewEffect) -> Flow[Effect]:
+    layout = settings.layout
+    keys = [layout.effect_rows, layout.effect_intent(row[1], row[3])]
+    call = _call(layout, "record_effect", keys, [*row[:7], _optional(row[7])])
+    return effect_reply((yield from _one(settings, call, write=True)))
+
+
+def mark_effect_flow(
+    settings: Settings,
+    idempotency_key: str,
+    status: str | None,
+    detail_json: str | None,
+    reconcile: bool,
+) -> Flow[Effect | None]:
+    layout = settings.layout
+    args = [idempotency_key, status or "", _optional(detail_json), "1" if reconcile else "0"]
+    call = _call(layout, "mark_effect", [layout.effect_rows, layout.effects_open], args)
+    reply = yield from _one(settings, call, write=True)
+    return None if reply is None else effect_reply(reply)
+
+
+def settle_effects_flow(
+    settings: Settings, scope: str, intent_id: str, outcome: str
+) -> Flow[list[Effect]]:
+    layout = settings.layout
+    keys = [layout.effect_rows, layout.effect_intent(scope, intent_id), layout.effects_open]
+    call = _call(layout, "settle_effects", keys, [scope, intent_id, outcome])
+    return [effect_reply(r) for r in _list((yield from _one(settings, call, write=True)))]
+
+
+def list_effects_flow(settings: Settings, query: EffectQuery) -> Flow[list[Effect]]:
+    layout = settings.layout
+    keys = [layout.effect_rows]
+    if query.idempotency_key is None:
+        if query.intent_id is not None:
+            keys.append(layout.effect_intent(query.scope or "", query.intent_id))
+        else:
+            keys.append(layout.effects_open)
+    args = [query.idempotency_key or "", str(query.limit)]
+    reply = yield from _one(settings, _call(layout, "list_effects", keys, args), write=False)
+    # the index keys are digests: the rows themselves say whether they match
+    return [e for e in map(effect_reply, _list(reply)) if query.matches(e)]
 
 
 # -- errors ---------------------------------------------------------------------------
@@ -1011,6 +1130,22 @@ class RedisBackend:
     def prune(self, older_than: float) -> int:
         return self._drive(prune_flow(self.settings, older_than))
 
+    def record_effect(self, row: NewEffect) -> Effect:
+        return self._drive(record_effect_flow(self.settings, row))
+
+    def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Effect | None:
+        return self._drive(
+            mark_effect_flow(self.settings, idempotency_key, status, detail_json, reconcile)
+        )
+
+    def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
+        return self._drive(settle_effects_flow(self.settings, scope, intent_id, outcome))
+
+    def list_effects(self, query: EffectQuery) -> list[Effect]:
+        return self._drive(list_effects_flow(self.settings, query))
+
 
 class AsyncRedisBackend:
     """The asyncio Redis backend (``fencing.open_async("redis://...")``)."""
@@ -1115,6 +1250,22 @@ class AsyncRedisBackend:
 
     async def prune(self, older_than: float) -> int:
         return await self._drive(prune_flow(self.settings, older_than))
+
+    async def record_effect(self, row: NewEffect) -> Effect:
+        return await self._drive(record_effect_flow(self.settings, row))
+
+    async def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Effect | None:
+        return await self._drive(
+            mark_effect_flow(self.settings, idempotency_key, status, detail_json, reconcile)
+        )
+
+    async def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
+        return await self._drive(settle_effects_flow(self.settings, scope, intent_id, outcome))
+
+    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+        return await self._drive(list_effects_flow(self.settings, query))
 
 
 # -- opening --------------------------------------------------------------------------

@@ -329,7 +329,7 @@ class SQLiteBackend:
     def _table_record(
         target: Target, key: str | int, description: Any, row: Sequence[Any], fence: int
     ) -> Record:
-        values = {d[0]: value for d, value in zip(description, row, strict=True)}
+        values = dict(zip([d[0] for d in description], row, strict=True))
         vcol = target.version_column
         version = int(values.pop(vcol)) if vcol else 0
         values.pop(target.key_column, None)
@@ -491,28 +491,33 @@ class SQLiteBackend:
 
     def _commit(self, conn: sqlite3.Connection, request: CommitRequest, now: float) -> CommitResult:
         target, intent, lease = request.target, request.intent, request.lease
-        if target.kind == "collection" and intent.guard is not None:
+        collection = target.kind == "collection"
+        if collection and intent.guard is not None:
             # A JSON guard is judged in Python, under the write lock this transaction holds.
             judged = self._judge(conn, request, now)
             if judged.status is not Status.OK:
                 return judged
-        scope = target.scope
-        if conn.execute(_CLAIM, (scope, request.claim_id, intent.key, now)).rowcount == 0:
+        scope, key = target.scope, intent.key
+        if conn.execute(_CLAIM, (scope, request.claim_id, key, now)).rowcount == 0:
             return self._judge(conn, request, now)  # already applied: Duplicate
         cur = conn.execute(self._update_sql(request), self._params(request, now))
-        if target.kind == "collection":
+        if collection:
             row = cur.fetchone()  # RETURNING version, fence
             if row is not None:
-                record = Record(target.name, intent.key, row[0], row[1], request.state)
+                record = Record(target.name, key, row[0], row[1], request.state)
                 return CommitResult(Status.APPLIED, record)
         elif cur.rowcount > 0:
             if lease is not None:
-                conn.execute(_RAISE_FENCE, (scope, intent.key, lease.token))
-            cur = conn.execute(self._row_sql(target, probe=False), (scope, intent.key, intent.key))
+                conn.execute(_RAISE_FENCE, (scope, key, lease.token))
+            cur = conn.execute(self._row_sql(target, probe=False), (scope, key, key))
             row = cur.fetchone()
-            record = self._table_record(
-                target, intent.key, cur.description[:-1], row[:-1], row[-1] or 0
-            )
+            # every column of the row but the last, which is its fence
+            values = dict(zip([d[0] for d in cur.description[:-1]], row))  # noqa: B905
+            fence = row[-1] or 0
+            vcol = target.version_column
+            version = int(values.pop(vcol)) if vcol else 0
+            values.pop(target.key_column, None)
+            record = Record(target.name, key, version, fence, MappingProxyType(values), "table")
             return CommitResult(Status.APPLIED, record)
         conn.execute(_UNCLAIM, (scope, request.claim_id))
         return self._judge(conn, request, now)

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .._astore import AsyncCollection, AsyncStore, AsyncTable
+from .._effects import Effect
 from .._errors import (
     ConfigurationError,
     InvalidInput,
@@ -72,8 +73,11 @@ __all__ = [
     "LeaseSpec",
     "SyncTarget",
     "TaskReport",
+    "aeffect",
     "classify",
     "current_intent",
+    "current_target",
+    "effect",
     "record_lease_name",
 ]
 
@@ -96,6 +100,11 @@ _current: contextvars.ContextVar[Intent | None] = contextvars.ContextVar(
 )
 
 
+_target: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "fencing_current_target", default=None
+)
+
+
 def current_intent() -> Intent | None:
     """The intent the running fenced task is applying (None outside one).
 
@@ -103,6 +112,38 @@ def current_intent() -> Intent | None:
     idempotency key for an external call from ``current_intent().root_id``.
     """
     return _current.get()
+
+
+def current_target() -> Any:
+    """The collection or table the running fenced task commits to (None outside one)."""
+    return _target.get()
+
+
+def _running() -> tuple[Intent, Any]:
+    intent, target = _current.get(), _target.get()
+    if intent is None or target is None:
+        raise RuntimeError("effect() is called inside a fenced task's decide")
+    return intent, target
+
+
+def effect(name: str, *, detail: Any = None) -> Effect:
+    """Record external effect ``name`` of the running task's intent, before making it.
+
+    For a sync store, inside ``decide``: ``fx = effect("charge", detail={...})``, then
+    call the provider with ``fx.idempotency_key`` unless ``fx.status == "done"`` (a
+    retry), then ``current_target().effect_done(fx)``. A stale outcome hands the
+    effect to ``Reconcile``'s handler and lists it in ``fencing reconcile``.
+    """
+    intent, target = _running()
+    recorded: Effect = target.effect(intent, name, detail=detail)
+    return recorded
+
+
+async def aeffect(name: str, *, detail: Any = None) -> Effect:
+    """:func:`effect` for a task on an async store (arq, or an async ``target``)."""
+    intent, target = _running()
+    recorded: Effect = await target.effect(intent, name, detail=detail)
+    return recorded
 
 
 class Action(enum.StrEnum):
@@ -490,10 +531,11 @@ class FencedTask:
             intent = self.decode(payload)
             target = self._target.sync()
             _check_match(target, intent)
-            token = _current.set(intent)
+            token, where = _current.set(intent), _target.set(target)
             try:
                 outcome, token_used = self._apply(target, intent)
             finally:
+                _target.reset(where)
                 _current.reset(token)
         except Exception as exc:
             report = self._failed(intent, exc, attempt)
@@ -513,10 +555,11 @@ class FencedTask:
             intent = self.decode(payload)
             target = await self._target.aget()
             _check_match(target, intent)
-            token = _current.set(intent)
+            token, where = _current.set(intent), _target.set(target)
             try:
                 outcome, token_used = await self._aapply(target, intent)
             finally:
+                _target.reset(where)
                 _current.reset(token)
         except Exception as exc:
             report = self._failed(intent, exc, attempt)

@@ -46,7 +46,10 @@ from ._common import (
     OutcomeHook,
     TargetSource,
     TaskReport,
+    aeffect,
     current_intent,
+    current_target,
+    effect,
 )
 
 try:
@@ -67,7 +70,10 @@ __all__ = [
     "FencedFunction",
     "LeaseSpec",
     "TaskReport",
+    "aeffect",
     "current_intent",
+    "current_target",
+    "effect",
     "enqueue_intent",
     "fenced_function",
 ]

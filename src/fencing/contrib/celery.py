@@ -41,7 +41,10 @@ from ._common import (
     OutcomeHook,
     TargetSource,
     TaskReport,
+    aeffect,
     current_intent,
+    current_target,
+    effect,
 )
 
 try:
@@ -61,7 +64,10 @@ __all__ = [
     "FencedCeleryTask",
     "LeaseSpec",
     "TaskReport",
+    "aeffect",
     "current_intent",
+    "current_target",
+    "effect",
     "fenced_task",
 ]
 

@@ -42,7 +42,10 @@ from ._common import (
     OutcomeHook,
     TargetSource,
     TaskReport,
+    aeffect,
     current_intent,
+    current_target,
+    effect,
 )
 
 try:
@@ -64,7 +67,10 @@ __all__ = [
     "FencedActor",
     "LeaseSpec",
     "TaskReport",
+    "aeffect",
     "current_intent",
+    "current_target",
+    "effect",
     "fenced_actor",
 ]
 

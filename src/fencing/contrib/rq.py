@@ -45,7 +45,10 @@ from ._common import (
     OutcomeHook,
     TargetSource,
     TaskReport,
+    aeffect,
     current_intent,
+    current_target,
+    effect,
 )
 
 try:
@@ -65,7 +68,10 @@ __all__ = [
     "FencedJob",
     "LeaseSpec",
     "TaskReport",
+    "aeffect",
     "current_intent",
+    "current_target",
+    "effect",
     "enqueue_intent",
     "fenced_job",
 ]

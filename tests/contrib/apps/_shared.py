@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import fencing
-from fencing.contrib._common import LeaseSpec, TaskReport, current_intent
+from fencing.contrib._common import (
+    LeaseSpec,
+    TaskReport,
+    aeffect,
+    current_intent,
+    current_target,
+    effect,
+)
 from fencing.testing import HistoryWriter, outcome_event
 
 SIGNER = fencing.Signer(keys={"e2e": b"fencing-e2e-test-key-not-secret"}, current="e2e")
@@ -236,25 +243,20 @@ async def abump(record: fencing.Record) -> dict[str, Any]:
     return {**record.state, "count": record.state.get("count", 0) + 1}
 
 
-def _charge_once(record: fencing.Record) -> None:
-    """Record the ``charge`` effect, then make it unless a retry finds it done.
-
-    The "provider" appends to ``charges.jsonl``, keyed by the effect's idempotency
-    key, as a payment API de-duplicates on its idempotency header.
-    """
-    intent = current_intent()
-    assert intent is not None
-    effect = orders().effect(intent, "charge", detail={"amount": record.state.get("total", 0)})
-    if effect.status != "done":
-        _writer("charges.jsonl").write({"key": effect.idempotency_key, "pid": os.getpid()})
-        orders().effect_done(effect, detail={"charge_id": f"ch-{effect.idempotency_key[3:11]}"})
+def _provider_charge(fx: fencing.Effect) -> dict[str, Any]:
+    """The "payment provider": appends to ``charges.jsonl``, keyed by the idempotency key."""
+    _writer("charges.jsonl").write({"key": fx.idempotency_key, "pid": os.getpid()})
+    return {"charge_id": f"ch-{fx.idempotency_key[3:11]}"}
 
 
 def charge(record: fencing.Record) -> dict[str, Any]:
-    """Charge (a recorded effect), then set the status; pausable after the charge."""
+    """Charge (an effect recorded first, skipped if a retry finds it done), then set the
+    status; pausable after the charge."""
     intent = current_intent()
     assert intent is not None
-    _charge_once(record)
+    fx = effect("charge", detail={"amount": record.state.get("total", 0)})
+    if fx.status != "done":
+        current_target().effect_done(fx, detail=_provider_charge(fx))
     state = marked(record.state, intent.transition)
     pause_point(intent.root_id)
     return state
@@ -263,7 +265,9 @@ def charge(record: fencing.Record) -> dict[str, Any]:
 async def acharge(record: fencing.Record) -> dict[str, Any]:
     intent = current_intent()
     assert intent is not None
-    await asyncio.to_thread(_charge_once, record)  # copies the context: current_intent()
+    fx = await aeffect("charge", detail={"amount": record.state.get("total", 0)})
+    if fx.status != "done":
+        await current_target().effect_done(fx, detail=_provider_charge(fx))
     state = marked(record.state, intent.transition)
     await apause_point(intent.root_id)
     return state

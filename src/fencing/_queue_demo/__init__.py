@@ -1,0 +1,473 @@
+"""``fencing demo --queue celery|rq|dramatiq|arq``: the demo's race through a real task queue.
+
+The same seeded schedule as ``fencing demo`` (``_demo.make_schedule``), the same
+naive and fencing decisions, the same history checker and table; what changes is
+the delivery. This process is the producer: it captures each task's intent when the
+schedule says the task is decided, and sends it after the task's delivery delay, so
+tasks reach the broker out of order; a duplicate delivery is the same message sent
+twice; the takeover of a paused task is sent once that task's worker has paused. The
+tasks run in N real worker processes of the queue, started here against the demo's
+store and broker: the fencing run's through the ``fencing.contrib`` integration, the
+naive run's through a plain task of the same queue.
+
+Crash after commit is real where the queue redelivers the message of a worker killed
+before its acknowledgement (Celery, RQ): the first delivery SIGKILLs its own worker
+process right after its commit. Dramatiq and arq give such a message back only
+after a worker restart or a timeout of seconds, so their runs leave crashes out.
+
+Isolation: the run id names every queue, broker key prefix and worker; only those are
+deleted afterwards (never a whole database), and every worker process started here
+(its whole process group, and any process carrying the run's id in its environment)
+is killed on the way out: at the end, on an error or on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import heapq
+import importlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Final, Protocol
+
+from .._demo import (
+    LEASE_TTL,
+    DemoConfig,
+    RunResult,
+    TaskSpec,
+    capture_intent,
+    create_records,
+    finish_run,
+    make_schedule,
+)
+from .._errors import ConfigurationError
+from ._broker import DEFAULT_BROKER
+from ._tasks import ENV_PREFIX, Settings, intent_id
+
+__all__ = ["broker_url", "intro", "preflight", "run_processes", "run_queue_demo", "shown_broker"]
+
+MODULES: Final = {
+    "celery": "celery_app",
+    "rq": "rq_jobs",
+    "dramatiq": "dramatiq_actors",
+    "arq": "arq_worker",
+}
+START_TIMEOUT: Final = 60.0
+RUN_TIMEOUT: Final = 300.0
+HOLD_LIMIT: Final = 5.0  # a takeover is sent at the latest this long after it was decided
+POLL: Final = 0.01
+
+
+class _Sender(Protocol):
+    def commands(self, workers: int) -> list[list[str]]: ...
+    def send(self, mode: str, kind: str, leased: bool, intent: Any) -> None: ...
+    def ping(self, token: str) -> None: ...
+    def close(self) -> None: ...
+    def cleanup(self) -> None: ...
+
+
+def broker_url(config: DemoConfig) -> str:
+    return config.broker or DEFAULT_BROKER
+
+
+def shown_broker(config: DemoConfig) -> str:
+    """The broker URL to print: without its password."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = broker_url(config)
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def preflight(config: DemoConfig) -> ModuleType:
+    """The queue's module, once its extra is installed and its broker answers (else exit 2)."""
+    from . import _broker
+
+    assert config.queue is not None
+    module = _module(config.queue)
+    _broker.check(config.queue, broker_url(config), module.BROKERS)
+    return module
+
+
+def _module(queue: str) -> ModuleType:
+    """The queue's demo module; ``MissingDependency`` (with the extra to install) if absent."""
+    return importlib.import_module(f"{__name__}.{MODULES[queue]}")
+
+
+def _crashes(queue: str) -> bool:
+    return queue in ("celery", "rq")
+
+
+def intro(config: DemoConfig, specs: list[TaskSpec]) -> str:
+    paused = sum(1 for s in specs if s.pause > 0)
+    crashes = (
+        "crashes between commit and ack (the worker process is SIGKILLed, the queue redelivers)"
+        if config.queue is not None and _crashes(config.queue)
+        else f"no crashes ({config.queue} redelivers a killed worker's message only after"
+        " a restart or a timeout)"
+    )
+    return (
+        f"Racing {len(specs)} tasks through {config.queue} on {config.workers} worker"
+        f" processes over {config.keys} accounts (credits) and {config.keys} orders"
+        f" (ship/cancel decisions): delayed and reordered sends, duplicate deliveries,"
+        f" {crashes}, and {paused} workers paused past their {LEASE_TTL:g}s lease. The same"
+        f" seeded schedule (seed {config.seed}) runs twice: naive read-modify-write, then"
+        " fencing through the fencing.contrib integration."
+    )
+
+
+# -- worker processes -------------------------------------------------------------------------
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Live processes whose environment carries this run's id (Linux; [] elsewhere)."""
+    marker = f"{ENV_PREFIX}RUN_ID={run_id}".encode()
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and not _gone(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+class _Workers:
+    """The queue's worker commands, each in its own session, logging to the control dir."""
+
+    def __init__(self, run_id: str, commands: list[list[str]], env: dict[str, str], logs: Path):
+        self.run_id = run_id
+        self.commands = commands
+        self.env = env
+        self.logs = logs
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        for n, argv in enumerate(self.commands):
+            with open(self.logs / f"worker-{n + 1}.log", "ab") as out:
+                self.procs.append(
+                    subprocess.Popen(
+                        argv,
+                        env=self.env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+
+    def check(self) -> None:
+        for n, proc in enumerate(self.procs):
+            if proc.poll() is not None:
+                raise ConfigurationError(
+                    f"a worker process exited (status {proc.returncode}):\n{self.tail(n)}"
+                )
+
+    def tail(self, n: int, lines: int = 15) -> str:
+        path = self.logs / f"worker-{n + 1}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+
+    def stop(self) -> None:
+        """SIGKILL every process group, then any process of the run left (work horses)."""
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        deadline = time.monotonic() + 10.0
+        while (left := run_processes(self.run_id)) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+
+class _Progress:
+    """Follows ``progress.jsonl``, the lines the workers append as deliveries end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        data = self.partial + data
+        *lines, self.partial = data.split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+# -- one run -------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Run:
+    """Producer and bookkeeping of one mode's run through the queue."""
+
+    mode: str
+    specs: list[TaskSpec]
+    settings: Settings
+    sender: _Sender
+    workers: _Workers
+    progress: _Progress
+    on_progress: Callable[[int], None]
+
+    def __post_init__(self) -> None:
+        self.heap: list[tuple[float, int, TaskSpec, Any]] = []
+        self.seq = 0
+        self.intents: dict[int, Any] = {}
+        self.held: dict[int, list[tuple[float, TaskSpec]]] = {}
+        self.released: set[int] = set()
+        self.ended: dict[int, int] = {}
+        self.expected = {s.task: 1 + (s.duplicate is not None) for s in self.specs}
+        self.completed = 0
+
+    def _push(self, at: float, spec: TaskSpec) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (at, self.seq, spec, self.intents[spec.task]))
+
+    def _release(self, task: int, now: float) -> None:
+        self.released.add(task)
+        for delay, spec in self.held.pop(task, []):
+            self._push(now + delay, spec)
+
+    def run(self, collections: Any, result: RunResult) -> None:
+        start = time.monotonic()
+        pending = iter(self.specs)
+        upcoming = next(pending, None)
+        decided: dict[int, float] = {}
+        while self.completed < len(self.specs):
+            now = time.monotonic() - start
+            if now > RUN_TIMEOUT:
+                raise ConfigurationError(
+                    f"the {result.mode} run through {self.settings.queue} did not finish in"
+                    f" {RUN_TIMEOUT:.0f}s ({self.completed} of {len(self.specs)} tasks done)"
+                )
+            while upcoming is not None and upcoming.enqueue_at <= now:
+                spec = upcoming
+                intent = capture_intent(collections, spec)
+                intent = dataclasses.replace(
+                    intent, id=intent_id(self.settings.run_id, self.mode, spec.task)
+                )
+                self.intents[spec.task] = intent
+                paused = spec.takes_over
+                if paused is not None and paused not in self.released:
+                    self.held.setdefault(paused, []).append((spec.delay, spec))
+                    decided[paused] = now
+                else:
+                    self._push(now + spec.delay, spec)
+                if spec.duplicate is not None:
+                    result.duplicates += 1
+                    self._push(now + spec.delay + spec.duplicate, spec)
+                upcoming = next(pending, None)
+            for paused, since in list(decided.items()):
+                if paused in self.held and now - since > HOLD_LIMIT:
+                    self._release(paused, now)
+            while self.heap and self.heap[0][0] <= now:
+                _, _, spec, intent = heapq.heappop(self.heap)
+                self.sender.send(self.mode, spec.kind, spec.leased, intent)
+            for event in self.progress.read():
+                if event.get("mode") == self.mode:
+                    self._note(event, time.monotonic() - start, result)
+            self.workers.check()
+            time.sleep(POLL)
+        result.seconds = time.monotonic() - start
+
+    def _note(self, event: dict[str, Any], now: float, result: RunResult) -> None:
+        task, verdict = int(event["task"]), str(event["verdict"])
+        self._release(task, now)  # paused, or over without pausing: the takeover may go
+        if verdict == "paused":
+            return
+        result.deliveries += 1
+        if verdict in ("crash", "retry"):
+            result.retries += 1
+            result.crashes += verdict == "crash"
+            return
+        if verdict == "error":
+            result.errors.append(str(event.get("detail", "")))
+        if verdict == "gave_up":
+            result.gave_up += 1
+        self.ended[task] = self.ended.get(task, 0) + 1
+        if self.ended[task] == self.expected[task]:
+            self.completed += 1
+            self.on_progress(1)
+
+
+def _merge(control: Path, mode: str) -> list[dict[str, Any]]:
+    """Every process's history of the run, in the order the events happened."""
+    events: list[dict[str, Any]] = []
+    for path in sorted(control.glob(f"history-{mode}-*.jsonl")):
+        for line in path.read_bytes().splitlines():
+            if line.strip():
+                events.append(json.loads(line))
+    events.sort(key=lambda e: float(e.get("t") or 0.0))
+    return events
+
+
+@contextlib.contextmanager
+def _broker_failures(queue: str, module: ModuleType) -> Iterator[None]:
+    """A broker that fails mid-run is a clear error (exit 2), not a traceback."""
+    errors: tuple[type[Exception], ...] = module.broker_errors()
+    try:
+        yield
+    except errors as exc:
+        raise ConfigurationError(
+            f"the {queue} broker failed: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _exit_on_sigterm() -> Callable[[], None]:
+    """Let SIGTERM unwind like Ctrl-C, so the workers are stopped; returns the undo."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
+
+
+def _wait_ready(sender: _Sender, workers: _Workers, control: Path) -> None:
+    token = uuid.uuid4().hex
+    sender.ping(token)
+    deadline = time.monotonic() + START_TIMEOUT
+    while not (control / f"pong-{token}").exists():
+        workers.check()
+        if time.monotonic() > deadline:
+            raise ConfigurationError(
+                f"the workers did not start in {START_TIMEOUT:.0f}s:\n{workers.tail(0)}"
+            )
+        time.sleep(0.05)
+
+
+def run_queue_demo(
+    config: DemoConfig,
+    on_start: Callable[[str, int], None] | None = None,
+    on_progress: Callable[[str, int], None] | None = None,
+) -> dict[str, RunResult]:
+    """Run the schedule through ``config.queue``: naive, then fencing; each run's result."""
+    import fencing
+    from fencing.testing import HistoryWriter
+
+    assert config.queue is not None
+    queue = config.queue
+    module = preflight(config)
+    url = broker_url(config)
+    specs = make_schedule(config.seed, config.tasks, config.keys)
+    temp = Path(tempfile.mkdtemp(prefix="fencing-demo-"))
+    control = temp / "control"
+    control.mkdir()
+    run_id = uuid.uuid4().hex[:10]
+    store_url = config.store or f"sqlite:///{temp / 'demo.db'}"
+    settings = Settings(
+        run_id=run_id,
+        store=store_url,
+        control=str(control),
+        broker=url,
+        queue=f"fencing-demo-{run_id}",
+        seed=config.seed,
+        tasks=config.tasks,
+        keys=config.keys,
+        crash=_crashes(queue),
+    )
+    history_dir = Path(config.history_dir) if config.history_dir else temp
+    history_dir.mkdir(parents=True, exist_ok=True)
+    sender: _Sender | None = None
+    workers: _Workers | None = None
+    results: dict[str, RunResult] = {}
+    restore = _exit_on_sigterm()
+    try:
+        with fencing.open(store_url) as store, _broker_failures(queue, module):
+            sender = module.Sender(settings)
+            env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+            package_root = str(Path(fencing.__file__).resolve().parents[1])
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (package_root, env.get("PYTHONPATH", "")) if p
+            )
+            env.update(settings.env(), PYTHONUNBUFFERED="1")
+            env.update(getattr(sender, "env", dict)())
+            workers = _Workers(run_id, sender.commands(config.workers), env, control)
+            workers.start()
+            _wait_ready(sender, workers, control)
+            progress = _Progress(control / "progress.jsonl")
+            for mode in ("naive", "fencing"):
+                history = history_dir / f"{mode}.jsonl"
+                history.unlink(missing_ok=True)
+                if on_start is not None:
+                    on_start(mode, len(specs))
+
+                def advance(n: int, mode: str = mode) -> None:
+                    if on_progress is not None:
+                        on_progress(mode, n)
+
+                collections, keys = create_records(store, specs, run_id, mode)
+                result = RunResult(mode, len(specs), history=str(history), run_id=run_id)
+                _Run(mode, specs, settings, sender, workers, progress, advance).run(
+                    collections, result
+                )
+                events = _merge(control, mode)
+                committed = {e.get("root_id") for e in events if e.get("outcome") == "committed"}
+                credited = [
+                    s
+                    for s in specs
+                    if s.kind == "accounts" and intent_id(run_id, mode, s.task) in committed
+                ]
+                writer = HistoryWriter(history)
+                for event in events:
+                    writer.write(event)
+                finish_run(result, writer, collections, keys, credited)
+                if config.history_dir is None:
+                    result.history = ""
+                results[mode] = result
+        return results
+    finally:
+        try:
+            if workers is not None:
+                workers.stop()
+        finally:
+            if sender is not None:
+                with contextlib.suppress(Exception):
+                    sender.cleanup()
+                with contextlib.suppress(Exception):
+                    sender.close()
+            shutil.rmtree(temp, ignore_errors=True)
+            restore()
