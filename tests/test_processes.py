@@ -251,3 +251,38 @@ def test_naive_read_modify_write_fails_the_same_judge(tmp_path: Path) -> None:
     if report is not None:
         assert not report.ok
         assert report.counts["lost_update"] > 0
+
+
+def record_effect(url: str, intent_json: str, out_path: str, start: Any) -> None:
+    """A worker process: records the same effect of the same intent as the others."""
+    store = fencing.open(url)
+    orders = store.collection(COLLECTION)
+    intent = fencing.Intent.from_json(intent_json)
+    start.wait(60)
+    effect = orders.effect(intent, "charge", detail={"pid": os.getpid()})
+    with open(out_path, "w") as out:
+        json.dump(effect.to_dict(), out)
+    store.close()
+
+
+@pytest.mark.slow
+def test_processes_recording_one_effect_make_one(
+    shared_backend_name: str, store_url: str, tmp_path: Path
+) -> None:
+    create_counter(store_url)
+    with fencing.open(store_url) as store:
+        intent = store.collection(COLLECTION).intent(KEY, "charge")
+    processes = 4
+    start = SPAWN.Barrier(processes)
+    paths = [tmp_path / f"effect-{i}.json" for i in range(processes)]
+    run_processes(record_effect, [(store_url, intent.to_json(), str(p), start) for p in paths])
+    seen = [json.loads(p.read_text()) for p in paths]
+    assert all(s == seen[0] for s in seen), seen  # the first recording won, for everyone
+    with fencing.open(store_url) as store:
+        counter = store.collection(COLLECTION)
+        (effect,) = counter.effects(intent)
+        assert effect.to_dict() == seen[0]
+        counter.commit(counter.intent(KEY, "move"), {"n": 1})
+        assert isinstance(counter.commit(intent, {"n": 2}), fencing.Stale)
+        (listed,) = store.effects_to_reconcile()
+        assert listed.idempotency_key == effect.idempotency_key and listed.outcome == "stale"
