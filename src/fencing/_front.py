@@ -244,7 +244,8 @@ class TargetOps:
 
     @classmethod
     def _outcome(cls, result: CommitResult, intent: Intent, lease: object) -> Outcome:
-        return cls._seen(outcome_for(result, intent), lease)
+        outcome = outcome_for(result, intent)
+        return outcome if lease is None else cls._seen(outcome, lease)
 
     @staticmethod
     def _seen(outcome: Outcome, lease: object) -> Outcome:

@@ -155,11 +155,11 @@ Flow = Generator[Any, Any, R]
 
 def outcome_for(result: CommitResult, intent: Intent) -> Outcome:
     """The public outcome for a backend's answer."""
-    status, record = result.status, result.record
+    status, record = result
+    if status is Status.APPLIED and record is not None:
+        return Committed(record, intent)
     if status is Status.MISSING or record is None:
         return Missing(intent)
-    if status is Status.APPLIED:
-        return Committed(record, intent)
     if status is Status.STALE:
         return Stale(record, intent)
     if status is Status.DUPLICATE:

@@ -69,7 +69,10 @@ def _frozen(state: Mapping[str, Any]) -> Mapping[str, Any]:
     return state if isinstance(state, MappingProxyType) else MappingProxyType(dict(state))
 
 
-@dataclass(frozen=True, slots=True)
+_set = object.__setattr__
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Record:
     """A versioned piece of state as the store holds it.
 
@@ -84,8 +87,23 @@ class Record:
     state: Mapping[str, Any]
     kind: Kind = "collection"
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "state", _frozen(self.state))
+    def __init__(
+        self,
+        collection: str,
+        key: str | int,
+        version: int,
+        fence: int,
+        state: Mapping[str, Any],
+        kind: Kind = "collection",
+    ) -> None:
+        # What the dataclass would generate, without its per-field lookups: one
+        # Record is made per commit.
+        _set(self, "collection", collection)
+        _set(self, "key", key)
+        _set(self, "version", version)
+        _set(self, "fence", fence)
+        _set(self, "state", state if type(state) is MappingProxyType else _frozen(state))
+        _set(self, "kind", kind)
 
     def intent(self, transition: str, *, guard: Mapping[str, Any] | None = None) -> Intent:
         """An intent to apply ``transition`` to this record as it is now."""
@@ -204,7 +222,8 @@ class Intent:
     @property
     def root_id(self) -> str:
         """The id of the original intent this one was derived from (itself if not derived)."""
-        return self.id.split("~", 1)[0]
+        cut = self.id.find("~")
+        return self.id if cut < 0 else self.id[:cut]
 
     def to_dict(self) -> dict[str, Any]:
         return {
