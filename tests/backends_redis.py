@@ -1,8 +1,11 @@
-"""The Redis case of the contract suite (imported by conftest).
+"""The Redis cases of the contract suite (imported by conftest): ``redis`` (standalone)
+and ``redis-cluster`` (a 3-primary Redis Cluster on ports 7000-7002, started by
+``scripts/redis-cluster.sh start``).
 
 Each test gets its own key prefix (``fencing-test-<random>``) on database 0, which other
-work on this machine shares: cleanup deletes only that prefix's keys (SCAN + UNLINK),
-never FLUSHDB. Guarded table rows live under the same prefix (``table_prefix``).
+work on this machine shares: cleanup deletes only that prefix's keys (SCAN + UNLINK, on
+every primary of the Cluster), never FLUSHDB. Guarded table rows live under the same
+prefix (``table_prefix``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from ._backends import Case, register
 
 HOST = "127.0.0.1"
 PORT = 6379
+CLUSTER_PORT = 7000
 
 
 def redis_url(prefix: str | None = None, **options: object) -> str:
@@ -27,8 +31,30 @@ def redis_url(prefix: str | None = None, **options: object) -> str:
     return f"redis://{HOST}:{PORT}/0?" + "&".join(f"{k}={v}" for k, v in query.items())
 
 
+def cluster_url(prefix: str | None = None, **options: object) -> str:
+    """A URL of a fresh, private corner of the test Redis Cluster."""
+    prefix = prefix or f"fencing-test-{uuid.uuid4().hex[:12]}"
+    query = {"cluster": "true", "prefix": prefix, "table_prefix": f"{prefix}:tables:", **options}
+    return f"redis://{HOST}:{CLUSTER_PORT}/0?" + "&".join(f"{k}={v}" for k, v in query.items())
+
+
 def _make_url(tmp_path: Path) -> str:
     return redis_url()
+
+
+def _make_cluster_url(tmp_path: Path) -> str:
+    return cluster_url()
+
+
+def _unlink_prefix(client: Any, prefix: str, **scan: Any) -> None:
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=f"{prefix}:*", count=1000, **scan):
+        batch.append(key)
+        if len(batch) >= 500:
+            client.unlink(*batch)  # a Cluster client splits it per slot
+            batch.clear()
+    if batch:
+        client.unlink(*batch)
 
 
 def cleanup(url: str) -> None:
@@ -39,14 +65,20 @@ def cleanup(url: str) -> None:
     assert prefix.startswith("fencing-test-"), prefix
     client = redis.Redis(host=HOST, port=PORT, db=0)
     try:
-        batch: list[bytes] = []
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                client.unlink(*batch)
-                batch.clear()
-        if batch:
-            client.unlink(*batch)
+        _unlink_prefix(client, prefix)
+    finally:
+        client.close()
+
+
+def cluster_cleanup(url: str) -> None:
+    """Delete every key under the URL's prefix on every primary of the Cluster."""
+    from redis.cluster import RedisCluster
+
+    prefix = StoreURL.parse(url).options["prefix"]
+    assert prefix.startswith("fencing-test-"), prefix
+    client = RedisCluster(host=HOST, port=CLUSTER_PORT)
+    try:
+        _unlink_prefix(client, prefix, target_nodes=RedisCluster.PRIMARIES)
     finally:
         client.close()
 
@@ -84,5 +116,15 @@ register(
         server=("Redis", HOST, PORT),
         create_table=_create_table,
         cleanup=cleanup,
+    )
+)
+register(
+    Case(
+        name="redis-cluster",
+        make_url=_make_cluster_url,
+        shared_between_processes=True,
+        server=("Redis Cluster", HOST, CLUSTER_PORT),
+        create_table=_create_table,
+        cleanup=cluster_cleanup,
     )
 )

@@ -299,3 +299,35 @@ def test_marking_an_effect_of_another_collection_is_refused(store: Any) -> None:
         store.collection("other").effect_done(fx)
     assert orders.effects(orders.intent("o-1", "x")) == []
     assert store.get_effect(fx.idempotency_key).status == "pending"
+
+
+def test_prune_forgets_finished_effects_and_keeps_open_ones(store: Any) -> None:
+    import time
+
+    orders = store.collection("orders")
+    for key in ("a", "b", "c", "d"):
+        orders.create(key, {"n": 0})
+    waiting = orders.effect(orders.intent("d", "charge"), "charge")  # its work never ended
+    done = orders.intent("a", "charge")  # its work commits: nothing to reconcile, ever
+    fx_done = orders.effect_done(orders.effect(done, "charge"))
+    assert orders.commit(done, {"n": 1}).committed
+    open_, closed = orders.intent("b", "charge"), orders.intent("c", "charge")
+    fx_open = orders.effect(open_, "charge")
+    fx_closed = orders.effect(closed, "charge")
+    for key, late in (("b", open_), ("c", closed)):
+        orders.commit(orders.intent(key, "move"), {"n": 5})
+        assert isinstance(orders.commit(late, {"n": 1}), Stale)
+    store.mark_reconciled(fx_closed)
+
+    store.prune(3600)  # nothing is an hour old
+    assert store.get_effect(fx_done.idempotency_key) is not None
+    assert store.get_effect(fx_closed.idempotency_key) is not None
+    time.sleep(0.3)
+    store.prune(0.1)
+    assert store.get_effect(fx_done.idempotency_key) is None
+    assert store.get_effect(fx_closed.idempotency_key) is None
+    # its work may still end stale: kept, however old
+    assert store.get_effect(waiting.idempotency_key) is not None
+    kept = store.get_effect(fx_open.idempotency_key)  # needs reconciling: kept, however old
+    assert kept is not None and kept.needs_reconcile
+    assert [e.idempotency_key for e in store.effects_to_reconcile()] == [fx_open.idempotency_key]

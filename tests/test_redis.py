@@ -2,8 +2,10 @@
 naive baseline, hash-tag slots, token durability across reopen and expiry, and the Lua
 scripts held to ``fencing._rules.judge()``.
 
-The contract suite (tests/test_contract.py) runs on Redis too, through tests/backends_redis.py.
-Redis Cluster is not running here: its slot rules are tested as pure functions.
+The contract suite (tests/test_contract.py) runs on Redis and on a real Redis Cluster
+(``scripts/redis-cluster.sh start``) too, through tests/backends_redis.py; the Cluster
+tests at the end cover what only a Cluster has: slots on several nodes, MOVED, script
+caches per node, refusals of what cannot be atomic there.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from fencing.backends._contract import CommitRequest, Target
 from fencing.backends.redis import (
     SCRIPTS,
     Call,
+    Each,
     Layout,
     RedisBackend,
     Script,
@@ -45,9 +48,17 @@ from fencing.backends.redis import (
     parse_settings,
 )
 
-from ._backends import require_server
+from ._backends import TABLE_COLUMNS, require_server
 from ._syncify import Loop, Syncified
-from .backends_redis import HOST, PORT, cleanup, redis_url
+from .backends_redis import (
+    CLUSTER_PORT,
+    HOST,
+    PORT,
+    cleanup,
+    cluster_cleanup,
+    cluster_url,
+    redis_url,
+)
 
 pytest.importorskip("redis", reason="the redis extra is not installed")
 
@@ -584,17 +595,27 @@ def test_evicting_server_is_refused_unless_allowed() -> None:
     """The migrate flow is pure: fed INFO replies of an allkeys-lru server, it refuses."""
     settings = parse_settings(StoreURL.parse("redis://h"), {})
     flow = migrate_flow(settings)
-    assert isinstance(next(flow), Send)
+    assert next(flow) == Each((("INFO", "server"), ("INFO", "memory")))
     with pytest.raises(fencing.ConfigurationError, match="allkeys-lru"):
-        flow.send([{"redis_version": "7.2.4"}, {"maxmemory_policy": "allkeys-lru"}])
+        flow.send([[{"redis_version": "7.2.4"}, {"maxmemory_policy": "allkeys-lru"}]])
     old = migrate_flow(settings)
     next(old)
     with pytest.raises(fencing.ConfigurationError, match=r"Redis 7\.0 or newer"):
-        old.send([{"redis_version": "6.2.0"}, {"maxmemory_policy": "noeviction"}])
+        old.send([[{"redis_version": "6.2.0"}, {"maxmemory_policy": "noeviction"}]])
+    # a Cluster answers per primary: one evicting node is enough to refuse
+    many = migrate_flow(settings)
+    next(many)
+    with pytest.raises(fencing.ConfigurationError, match="allkeys-lru"):
+        many.send(
+            [
+                [{"redis_version": "7.2.4"}, {"maxmemory_policy": "noeviction"}],
+                [{"redis_version": "7.2.4"}, {"maxmemory_policy": "allkeys-lru"}],
+            ]
+        )
     allowed = parse_settings(StoreURL.parse("redis://h?allow_eviction=true"), {})
     flow = migrate_flow(allowed)
     next(flow)
-    step = flow.send([{"redis_version": "7.2.4"}, {"maxmemory_policy": "allkeys-lru"}])
+    step = flow.send([[{"redis_version": "7.2.4"}, {"maxmemory_policy": "allkeys-lru"}]])
     assert isinstance(step, Send)  # goes on to the schema key
 
 
@@ -806,3 +827,308 @@ def test_effect_writes_wait_for_replicas(url: str, opener: Callable[..., Any]) -
         waiting.effect_done(fx)
     assert plain.get_effect(fx.idempotency_key).status == "done"
     assert waiting.effects(intent) == [plain.get_effect(fx.idempotency_key)]  # reads: no WAIT
+
+
+# -- Redis Cluster (a real one: scripts/redis-cluster.sh start) --------------------------------
+@pytest.fixture
+def curl() -> Iterator[str]:
+    """A fresh prefix on the test Redis Cluster."""
+    require_server("Redis Cluster", HOST, CLUSTER_PORT)
+    u = cluster_url()
+    yield u
+    cluster_cleanup(u)
+
+
+def _nodes() -> dict[int, Any]:
+    """A plain client per primary of the test Cluster, by port."""
+    import redis
+
+    seed = redis.Redis(host=HOST, port=CLUSTER_PORT)
+    try:
+        ports = sorted({int(shard[2][1]) for shard in seed.execute_command("CLUSTER SLOTS")})
+    finally:
+        seed.close()
+    return {port: redis.Redis(host=HOST, port=port) for port in ports}
+
+
+def _owner(nodes: dict[int, Any], slot: int) -> int:
+    """The port of the primary serving ``slot``."""
+    for shard in next(iter(nodes.values())).execute_command("CLUSTER SLOTS"):
+        if shard[0] <= slot <= shard[1]:
+            return int(shard[2][1])
+    raise AssertionError(f"slot {slot} is not served")
+
+
+def _keys_on_every_node(nodes: dict[int, Any], count: int) -> list[str]:
+    """``count`` record keys of collection ``orders`` spread over every primary."""
+    by_node: dict[int, list[str]] = {port: [] for port in nodes}
+    i = 0
+    while any(len(keys) < count for keys in by_node.values()):
+        key = f"o-{i}"
+        port = _owner(nodes, key_slot(f"orders/{key}"))
+        if len(by_node[port]) < count:
+            by_node[port].append(key)
+        i += 1
+    return [key for keys in by_node.values() for key in keys]
+
+
+def _close_all(nodes: dict[int, Any]) -> None:
+    for node in nodes.values():
+        node.close()
+
+
+def test_cluster_keys_of_one_record_share_the_slot_the_server_computes(curl: str) -> None:
+    prefix = StoreURL.parse(curl).options["prefix"]
+    store = fencing.open(curl)
+    nodes = _nodes()
+    try:
+        orders = store.collection("orders")
+        orders.create("o-1", {"n": 0})
+        lease = store.acquire("orders/o-1", owner="a", ttl=30)
+        assert orders.commit(orders.intent("o-1", "a"), {"n": 1}, lease=lease).committed
+        assert orders.delete("o-1")
+        orders.create("o-1", {"n": 5})  # a tombstone now sits next to the record
+        written: list[str] = []
+        for node in nodes.values():
+            written += [k.decode() for k in node.scan_iter(match=f"{prefix}:*", count=1000)]
+        mine = [k for k in written if "{orders/o-1}" in k]
+        lease_key = f"{prefix}:lease:{{orders/o-1}}"
+        assert lease_key in mine
+        assert {k.rsplit(":", 1)[1] for k in mine if k != lease_key} == {"rec", "applied", "tomb"}
+        seed = nodes[CLUSTER_PORT]
+        slots = {int(seed.execute_command("CLUSTER KEYSLOT", k)) for k in mine}
+        assert slots == {int(seed.execute_command("CLUSTER KEYSLOT", "orders/o-1"))}
+        # fencing's own slot function agrees with the server on every key it wrote
+        for key in written:
+            assert key_slot(key) == int(seed.execute_command("CLUSTER KEYSLOT", key)), key
+        # and each key lives on the node that serves its slot
+        for port, node in nodes.items():
+            for key in node.scan_iter(match=f"{prefix}:*", count=1000):
+                assert _owner(nodes, key_slot(key.decode())) == port
+    finally:
+        _close_all(nodes)
+        store.close()
+
+
+def test_cluster_refuses_a_fenced_commit_whose_lease_is_in_another_slot(
+    curl: str, opener: Callable[..., Any]
+) -> None:
+    store = opener(curl)
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 0})
+    elsewhere = store.acquire("jobs/x", owner="a", ttl=30)
+    assert key_slot("jobs/x") != key_slot("orders/o-1")
+    intent = orders.intent("o-1", "a")
+    with pytest.raises(fencing.InvalidInput, match="name the lease 'orders/o-1'"):
+        orders.commit(intent, {"n": 1}, lease=elsewhere)
+    with pytest.raises(fencing.InvalidInput, match="share a hash slot"):
+        orders.commit_many([(intent, {"n": 1})], lease=elsewhere)
+    # nothing was written: the same intent commits under a lease named after the record
+    assert orders.get("o-1").version == 1
+    mine = store.acquire("orders/o-1", owner="a", ttl=30)
+    out = orders.commit(intent, {"n": 1}, lease=mine)
+    assert out.committed and out.record.fence == mine.token
+    # an unfenced commit needs no lease at all
+    assert orders.commit(orders.intent("o-1", "b"), {"n": 2}).committed
+
+
+def test_cluster_fenced_table_commit_under_a_lease_named_after_the_row(
+    curl: str, opener: Callable[..., Any]
+) -> None:
+    from .backends_redis import _create_table
+
+    store = opener(curl)
+    target = store.unwrapped if isinstance(store, Syncified) else store
+    _create_table(target, "orders_t", "id", "version", TABLE_COLUMNS, [{"id": 1, "status": "a"}])
+    table = store.table("orders_t")
+    row_lease = f"{StoreURL.parse(curl).options['table_prefix']}orders_t:1"
+    with pytest.raises(fencing.InvalidInput, match=f"name the lease {row_lease!r}"):
+        table.commit(
+            table.intent(1, "x"), {"status": "b"}, lease=store.acquire("t/1", owner="a", ttl=5)
+        )
+    lease = store.acquire(row_lease, owner="a", ttl=5)
+    out = table.commit(table.intent(1, "x"), {"status": "b"}, lease=lease)
+    assert out.committed and out.record.fence == lease.token
+    lease.release()
+    out = table.commit(table.intent(1, "y"), {"status": "c"}, lease=lease)
+    assert isinstance(out, fencing.Fenced) and out.reason is fencing.FenceReason.EXPIRED
+    assert table.get(1).state["status"] == "b"
+
+
+def test_cluster_commit_many_prune_and_effects_span_every_node(
+    curl: str, opener: Callable[..., Any]
+) -> None:
+    nodes = _nodes()
+    try:
+        keys = _keys_on_every_node(nodes, 3)
+    finally:
+        _close_all(nodes)
+    store = opener(curl)
+    orders = store.collection("orders")
+    for key in keys:
+        orders.create(key, {"n": 0})
+    late = [orders.intent(key, "late") for key in keys]
+    effects = [orders.effect(intent, "charge") for intent in late]
+    batch = [(orders.intent(key, "inc"), {"n": 1}) for key in keys]
+    assert all(out.committed for out in orders.commit_many(batch))
+    assert all(isinstance(out, Duplicate) for out in orders.commit_many(batch))
+    assert [orders.get(key).state for key in keys] == [{"n": 1}] * len(keys)
+    stale = orders.commit_many([(intent, {"n": 2}) for intent in late])
+    assert all(isinstance(out, fencing.Stale) for out in stale)
+    # the late intents' effects, keyed by records on every node, are listed from one slot
+    listed = store.effects_to_reconcile(limit=100)
+    assert sorted(e.idempotency_key for e in listed) == sorted(e.idempotency_key for e in effects)
+    assert {e.outcome for e in listed} == {"stale"}
+    time.sleep(0.01)
+    # the backend's prune of applied ids (Store.prune adds the effects' own pruning)
+    backend = store.backend
+    if isinstance(store, Syncified):
+        backend = Syncified(store.unwrapped.backend, store._loop)
+    assert backend.prune(0.001) == len(keys)  # the applied "inc" ids, on every node
+    assert backend.prune(0.001) == 0
+    assert len(store.effects_to_reconcile(limit=100)) == len(keys)  # prune keeps effects
+
+
+def test_cluster_scripts_are_reloaded_on_every_primary(
+    curl: str, opener: Callable[..., Any]
+) -> None:
+    """A primary that lost its scripts (a promoted replica: Redis 7 does not replicate the
+    script cache) answers NOSCRIPT: the scripts are loaded on every primary, the call sent
+    again. This is our own Cluster: SCRIPT FLUSH disturbs no one else."""
+    nodes = _nodes()
+    try:
+        keys = _keys_on_every_node(nodes, 2)
+        store = opener(curl)
+        orders = store.collection("orders")
+        for key in keys:
+            orders.create(key, {"n": 0})
+        for node in nodes.values():
+            node.script_flush()
+        assert orders.commit(orders.intent(keys[0], "one"), {"n": 1}).committed
+        for node in nodes.values():
+            assert node.script_exists(SCRIPTS["commit"].sha) == [True]
+            node.script_flush()
+        batch = [(orders.intent(key, "many"), {"n": 2}) for key in keys]
+        assert all(out.committed for out in orders.commit_many(batch))
+        for node in nodes.values():
+            node.script_flush()
+        assert store.acquire("orders/x", owner="a", ttl=30).token == 1
+        for node in nodes.values():
+            assert node.script_exists(SCRIPTS["acquire"].sha) == [True]
+    finally:
+        _close_all(nodes)
+
+
+def _move_slot(nodes: dict[int, Any], slot: int, source: int, target: int) -> None:
+    """Move one slot and its keys between primaries, as redis-cli --cluster reshard does."""
+    src, dst = nodes[source], nodes[target]
+    src_id, dst_id = src.execute_command("CLUSTER MYID"), dst.execute_command("CLUSTER MYID")
+    dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+    while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+        src.execute_command("MIGRATE", HOST, target, "", 0, 5000, "KEYS", *keys)
+    for node in (dst, src, *nodes.values()):
+        node.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+
+
+def test_cluster_follows_a_moved_slot_to_a_node_without_scripts(
+    curl: str, opener: Callable[..., Any]
+) -> None:
+    """A store keeps its slot map; the record's slot is moved to another primary that
+    never loaded the scripts: the commit follows MOVED, reloads the scripts, lands once."""
+    store = opener(curl)
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 0})
+    assert orders.commit(orders.intent("o-1", "before"), {"n": 1}).committed
+    nodes = _nodes()
+    slot = key_slot("orders/o-1")
+    source = _owner(nodes, slot)
+    target = next(port for port in nodes if port != source)
+    try:
+        _move_slot(nodes, slot, source, target)
+        nodes[target].script_flush()
+        intent = orders.intent("o-1", "after")
+        assert orders.commit(intent, {"n": 2}).committed
+        assert isinstance(orders.commit(intent, {"n": 2}), Duplicate)
+        batch = [(orders.intent("o-1", "batch"), {"n": 3})]
+        assert orders.commit_many(batch)[0].committed
+        record = orders.get("o-1")
+        assert (record.version, record.state) == (4, {"n": 3})
+        assert _owner(nodes, slot) == target
+    finally:
+        _move_slot(nodes, slot, target, source)
+        _close_all(nodes)
+    assert orders.get("o-1").version == 4
+
+
+def test_cluster_lost_connection_is_transient_never_resent(
+    curl: str, opener: Callable[..., Any]
+) -> None:
+    """redis-py's Cluster client re-sends a command after a lost connection by default;
+    fencing turns that off: an acquire whose connection dies while the node is paused is
+    TransientStoreError, and it never ran (a re-send would have granted the lease and
+    answered the caller "held")."""
+    name = f"fencing-kill-{uuid.uuid4().hex[:8]}"
+    store = opener(f"{curl}&client_name={name}")
+    nodes = _nodes()
+    node = nodes[_owner(nodes, key_slot("orders/o-1"))]
+    killed: list[int] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not killed:
+            for client in node.client_list():
+                # flag b: held by the pause, with its command read but not run
+                if client.get("name") == name and "b" in client.get("flags", ""):
+                    killed.append(node.client_kill_filter(_id=client["id"]))
+            time.sleep(0.005)
+        node.execute_command("CLIENT UNPAUSE")
+
+    node.execute_command("CLIENT PAUSE", 20000, "WRITE")
+    thread = threading.Thread(target=killer)
+    thread.start()
+    try:
+        with pytest.raises(TransientStoreError):
+            store.acquire("orders/o-1", owner="a", ttl=30)
+    finally:
+        thread.join()
+        node.execute_command("CLIENT UNPAUSE")
+        _close_all(nodes)
+    assert killed, "the acquire was never seen waiting"
+    lease = store.try_acquire("orders/o-1", owner="b", ttl=30)
+    assert lease is not None and lease.token == 1  # the lost acquire never ran
+
+
+def test_cluster_migrate_checks_every_primary(curl: str) -> None:
+    nodes = _nodes()
+    last = nodes[max(nodes)]
+    (policy,) = last.config_get("maxmemory-policy").values()
+    try:
+        last.config_set("maxmemory-policy", "allkeys-lru")
+        with pytest.raises(fencing.ConfigurationError, match="allkeys-lru"):
+            fencing.open(curl)
+        fencing.open(f"{curl}&allow_eviction=true").close()
+    finally:
+        last.config_set("maxmemory-policy", policy)
+        _close_all(nodes)
+
+
+def _create_everywhere(url: str) -> None:
+    with fencing.open(url) as store:  # the schema key may be on the node of the URL
+        for i in range(20):  # some of these are on the other nodes
+            store.collection("orders").create(f"o-{i}", {})
+
+
+def test_cluster_wrong_mode_is_a_configuration_error() -> None:
+    require_server("Redis Cluster", HOST, CLUSTER_PORT)
+    require_server("Redis", HOST, PORT)
+    with pytest.raises(fencing.ConfigurationError, match="not a Redis Cluster"):
+        fencing.open(f"redis://{HOST}:{PORT}/0?cluster=true&prefix=fencing-test-unused")
+    url = cluster_url().replace("cluster=true&", "")
+    try:
+        with pytest.raises(fencing.ConfigurationError, match="add cluster=true"):
+            _create_everywhere(url)
+    finally:
+        cluster_cleanup(url.replace("?", "?cluster=true&"))
+    with pytest.raises(TransientStoreError):
+        fencing.open(f"redis://{HOST}:1/0?cluster=true&connect_timeout=0.5")

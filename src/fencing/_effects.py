@@ -28,6 +28,7 @@ from ._values import Contended, Fenced, Intent, Kind, Missing, Outcome, Stale
 
 __all__ = [
     "EFFECT_COLUMNS",
+    "PRUNABLE",
     "Effect",
     "EffectQuery",
     "EffectStatus",
@@ -36,6 +37,7 @@ __all__ = [
     "effect_from_row",
     "effect_key",
     "new_effect_row",
+    "prunable",
     "settles",
 ]
 
@@ -140,6 +142,26 @@ class EffectQuery:
         if self.intent_id is not None:
             return effect.scope == self.scope and effect.intent_id == self.intent_id
         return effect.needs_reconcile
+
+
+#: The effects ``prune`` forgets, finished with before ``{cutoff}``: those whose work
+#: committed (their intent's root id is among the applied ids) and untouched since, and
+#: those reconciled since. An effect whose work has not committed, or that needs
+#: reconciling, is kept however old: its work may still end stale. ``prune`` forgets
+#: effects before applied ids, so the applied id it relies on is still there.
+PRUNABLE: Final = (
+    "(outcome IS NULL AND updated_at < {cutoff} AND EXISTS (SELECT 1 FROM fencing_applied"
+    " WHERE fencing_applied.scope = fencing_effects.scope"
+    " AND fencing_applied.intent_id = fencing_effects.intent_id))"
+    " OR (reconciled_at IS NOT NULL AND reconciled_at < {cutoff})"
+)
+
+
+def prunable(effect: Effect, cutoff: float, committed: bool) -> bool:
+    """``PRUNABLE`` as a predicate (``committed``: the intent's root id is applied)."""
+    if effect.outcome is None:
+        return committed and effect.updated_at < cutoff
+    return effect.reconciled and effect.updated_at < cutoff
 
 
 def effect_key(scope: str, root_id: str, name: str) -> str:

@@ -400,8 +400,17 @@ class Store:
         return found_effect(self.backend.mark_effect(key, None, None, True), key)
 
     def prune(self, older_than: float | None = None) -> int:
-        """Forget applied intent ids older than the retention horizon; returns how many."""
-        return self.backend.prune(self.options.retention if older_than is None else older_than)
+        """Forget what is older than the retention horizon; returns how many rows.
+
+        Applied intent ids (a replay after that is refused as ``Stale``, no longer
+        recognised as ``Duplicate``), and effects finished with: never settled (their
+        work committed) and untouched since, or reconciled since. An effect that needs
+        reconciling is kept, however old.
+        """
+        age = self.options.retention if older_than is None else older_than
+        # effects first: whether one's work committed is told by its applied id
+        effects = self.backend.prune_effects(age)
+        return effects + self.backend.prune(age)
 
     def close(self) -> None:
         self.backend.close()

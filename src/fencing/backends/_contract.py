@@ -14,7 +14,9 @@ Effects (``fencing._effects``) are rows keyed by their idempotency key:
   returns the row after, or None if there is no such effect;
 * ``settle_effects`` sets ``outcome`` on the intent's effects whose outcome is still
   NULL and returns all of the intent's effects;
-* ``list_effects`` answers an ``EffectQuery``, oldest first (``recorded_at``, then key).
+* ``list_effects`` answers an ``EffectQuery``, oldest first (``recorded_at``, then key);
+* ``prune_effects`` deletes the effects ``PRUNABLE`` at ``older_than`` seconds before the
+  store's clock (never one that needs reconciling) and says how many.
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ class Backend(Protocol):
     ) -> Effect | None: ...
     def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]: ...
     def list_effects(self, query: EffectQuery) -> list[Effect]: ...
+    def prune_effects(self, older_than: float) -> int: ...
 
 
 class AsyncBackend(Protocol):
@@ -170,6 +173,7 @@ class AsyncBackend(Protocol):
     ) -> Effect | None: ...
     async def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]: ...
     async def list_effects(self, query: EffectQuery) -> list[Effect]: ...
+    async def prune_effects(self, older_than: float) -> int: ...
 
 
 class ThreadedAsyncBackend:
@@ -246,3 +250,6 @@ class ThreadedAsyncBackend:
 
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
         return await self._call(self.sync.list_effects, query)
+
+    async def prune_effects(self, older_than: float) -> int:
+        return await self._call(self.sync.prune_effects, older_than)

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .._effects import EFFECT_COLUMNS, Effect, EffectQuery, NewEffect, effect_from_row
+from .._effects import EFFECT_COLUMNS, PRUNABLE, Effect, EffectQuery, NewEffect, effect_from_row
 from .._errors import TransientStoreError
 
 if TYPE_CHECKING:
@@ -189,6 +189,19 @@ def list_effects_flow(query: EffectQuery, schema: str | None) -> Flow[list[Effec
     return [effect_from_row(row) for row in found.rows]
 
 
+_PRUNE: Final = "DELETE FROM fencing_effects WHERE " + PRUNABLE.format(
+    cutoff=f"({_NOW} - %(age)s::float8)"
+)
+
+
+def prune_effects_flow(older_than: float, schema: str | None) -> Flow[int]:
+    from .postgres import Query, qualified  # its applied table too, in the schema
+
+    query = Query(qualified(_PRUNE, schema), {"age": float(older_than)})
+    found = yield from _idempotent(query)
+    return int(found.rowcount)
+
+
 # -- the drivers' methods -----------------------------------------------------------------
 class PostgresEffects:
     """The effects methods of ``PostgresBackend`` (which provides ``config`` and ``_drive``)."""
@@ -212,6 +225,9 @@ class PostgresEffects:
 
     def list_effects(self, query: EffectQuery) -> list[Effect]:
         return self._drive(list_effects_flow(query, self.config.schema))
+
+    def prune_effects(self, older_than: float) -> int:
+        return self._drive(prune_effects_flow(older_than, self.config.schema))
 
 
 class AsyncPostgresEffects:
@@ -237,3 +253,6 @@ class AsyncPostgresEffects:
 
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
         return await self._drive(list_effects_flow(query, self.config.schema))
+
+    async def prune_effects(self, older_than: float) -> int:
+        return await self._drive(prune_effects_flow(older_than, self.config.schema))

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._effects import Effect, EffectQuery, NewEffect, effect_from_row
+from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, prunable
 from .._errors import AlreadyExists, ConfigurationError, SchemaError
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._values import Record
@@ -250,6 +250,18 @@ class MemoryBackend:
     def list_effects(self, query: EffectQuery) -> list[Effect]:
         with self._lock:
             return self._list(query)
+
+    def prune_effects(self, older_than: float) -> int:
+        with self._lock:
+            cutoff = self.clock() - older_than
+            old = [
+                k
+                for k, row in self._effects.items()
+                if prunable(effect_from_row(row), cutoff, (row[1], row[3]) in self._applied)
+            ]
+            for k in old:
+                del self._effects[k]
+            return len(old)
 
 
 def _memory(url: Any, options: dict[str, Any]) -> MemoryBackend:

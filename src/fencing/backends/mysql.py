@@ -139,7 +139,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import unquote
 
-from .._effects import EFFECT_COLUMNS, Effect, EffectQuery, NewEffect, effect_from_row
+from .._effects import EFFECT_COLUMNS, PRUNABLE, Effect, EffectQuery, NewEffect, effect_from_row
 from .._errors import (
     AlreadyExists,
     ConfigurationError,
@@ -861,6 +861,17 @@ def list_effects_flow(query: EffectQuery) -> Flow[list[Effect]]:
     return _effects_of(results[0])
 
 
+_PRUNE_EFFECTS: Final = "DELETE FROM fencing_effects WHERE " + PRUNABLE.format(
+    cutoff=f"({_NOW} - %s)"
+)
+
+
+def prune_effects_flow(older_than: float) -> Flow[int]:
+    age = float(older_than)
+    results = yield _one(_PRUNE_EFFECTS, age, age)
+    return results[0].affected
+
+
 # -- the rest of the contract ---------------------------------------------------------
 def migrate_flow() -> Flow[None]:
     script = _Script(*SCHEMA)
@@ -1274,6 +1285,9 @@ class MySQLBackend:
     def list_effects(self, query: EffectQuery) -> list[Effect]:
         return self._run(lambda: list_effects_flow(query))
 
+    def prune_effects(self, older_than: float) -> int:
+        return self._run(lambda: prune_effects_flow(older_than))
+
 
 # -- async: aiomysql's pool --------------------------------------------------------------
 @functools.cache
@@ -1454,6 +1468,9 @@ class AsyncMySQLBackend:
 
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
         return await self._run(lambda: list_effects_flow(query))
+
+    async def prune_effects(self, older_than: float) -> int:
+        return await self._run(lambda: prune_effects_flow(older_than))
 
 
 if TYPE_CHECKING:  # both drivers keep the contract

@@ -64,9 +64,20 @@ Redis Cluster: the text between braces is the hash tag, so a record, its applied
 its fence share one hash slot, and a lease shares it when it is named after the record:
 ``<collection>/<key>`` (``orders/o-1``) for a collection record, ``<table_prefix><table>:<key>``
 (``orders:42``) for a table row. A fenced commit whose lease lives in another slot cannot
-be atomic in a Cluster and is refused with ``InvalidInput`` before anything is sent.
-``commit_many`` sends one pipeline that redis-py splits per node. ``wait_replicas`` is not
-available with ``cluster=true``.
+be atomic in a Cluster and is refused with ``InvalidInput`` before anything is sent (so
+is a table row whose key holds a ``{...}`` hash tag of its own, and, in ``commit_many``,
+any item under such a lease: the whole batch is refused). ``commit_many`` sends one
+pipeline that redis-py splits per node. The scripts are loaded on every primary; a
+primary that answers NOSCRIPT (a promoted replica: Redis 7 does not replicate the script
+cache, or a node that took over a slot) gets them all again and the call is re-sent.
+MOVED and ASK are followed; redis-py's re-sending after a lost connection is turned off
+(``cluster_error_retry_attempts``), except that redis-py's Cluster *pipeline* re-sends a
+command whose connection dropped to the node that now serves its slot: in
+``commit_many`` that is the retry of the same intent, which answers ``Duplicate`` if the
+first attempt landed. ``prune`` scans every primary; ``migrate`` checks the version and
+the eviction policy of every primary. ``wait_replicas`` is not available with
+``cluster=true``. ``cluster=true`` against a server that is not a Cluster, or a plain
+URL against a Cluster node, is a ``ConfigurationError``.
 
 Effects (``fencing._effects``): each effect operation is one script, so one atomic step
 and one round trip: ``record_effect`` writes the row only if its key is absent and
@@ -148,7 +159,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import unquote
 
-from .._effects import Effect, EffectQuery, NewEffect, effect_from_row
+from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, prunable
 from .._errors import (
     AlreadyExists,
     ConfigurationError,
@@ -238,6 +249,9 @@ def _load_scripts() -> dict[str, Script]:
         "mark_effect",
         "settle_effects",
         "list_effects",
+        "scan_effects",
+        "prune_effects",
+        "is_applied",
     ):
         shebang, body = root.joinpath(f"{name}.lua").read_text("utf-8").split("\n", 1)
         assert shebang.startswith("#!lua"), name
@@ -705,7 +719,15 @@ class Scan:
     match: str
 
 
-Step = Send | Load | Scan
+@dataclass(frozen=True, slots=True)
+class Each:
+    """Send these commands to every primary of a Cluster (to the server when standalone);
+    the replies come back as one list per node, error replies raised."""
+
+    commands: tuple[Command, ...]
+
+
+Step = Send | Load | Scan | Each
 Flow = Generator[Step, Any, T]
 
 
@@ -782,8 +804,9 @@ def _send(commands: Sequence[Command]) -> Flow[list[object]]:
 
 def migrate_flow(settings: Settings) -> Flow[None]:
     layout = settings.layout
-    if not layout.cluster:  # INFO answers per node in a Cluster: checked on servers only
-        server, memory = yield from _send([("INFO", "server"), ("INFO", "memory")])
+    # every primary of a Cluster holds some of the keys: each one is checked
+    nodes: list[list[object]] = yield Each((("INFO", "server"), ("INFO", "memory")))
+    for server, memory in nodes:
         if isinstance(server, dict):
             release = str(server.get("redis_version", "0"))
             major = release.split(".")[0]
@@ -967,6 +990,48 @@ def list_effects_flow(settings: Settings, query: EffectQuery) -> Flow[list[Effec
     return [e for e in map(effect_reply, _list(reply)) if query.matches(e)]
 
 
+def prune_effects_flow(settings: Settings, older_than: float) -> Flow[int]:
+    """Scan every effect (read-only steps), then remove the prunable ones of each page
+    in one script that judges each again on its row as it is then.
+
+    Whether an unsettled effect's work committed is read from its record's applied
+    ids, in their own slots (one pipelined round trip a page): not atomic with the
+    removal, and it need not be: an applied id stays until ``prune`` forgets applied
+    ids, which ``Store.prune`` does after the effects.
+    """
+    layout = settings.layout
+    age = max(0, round(older_than * 1_000_000))
+    removed, cursor = 0, "0"
+    while True:
+        call = _call(layout, "scan_effects", [layout.effect_rows], [cursor, "200"])
+        page = _list((yield from _one(settings, call, write=False)))
+        cursor, cutoff = _text(page[0]), _int(page[1]) - age
+        effects = [effect_reply(row) for row in page[2:]]
+        unsettled = [e for e in effects if e.outcome is None and e.updated_at < cutoff / 1e6]
+        committed: set[str] = set()
+        if unsettled:
+            checks = [
+                _call(
+                    layout,
+                    "is_applied",
+                    [layout.applied(Target(e.kind, e.collection), e.key)],
+                    [e.intent_id],
+                )
+                for e in unsettled
+            ]
+            answers = yield from _eval(settings, checks, write=False)
+            pairs = zip(unsettled, answers, strict=True)
+            committed = {e.idempotency_key for e, a in pairs if _int(a)}
+        old = [e for e in effects if prunable(e, cutoff / 1e6, e.idempotency_key in committed)]
+        if old:
+            keys = [layout.effect_rows, *(layout.effect_intent(e.scope, e.intent_id) for e in old)]
+            args = [str(cutoff), *(e.idempotency_key for e in old)]
+            call = _call(layout, "prune_effects", keys, args)
+            removed += _int((yield from _one(settings, call, write=True)))
+        if cursor == "0":
+            return removed
+
+
 # -- errors ---------------------------------------------------------------------------
 def translate(exc: BaseException) -> FencingError:
     """A driver error as fencing's error (raise it ``from exc``)."""
@@ -987,6 +1052,25 @@ def translate(exc: BaseException) -> FencingError:
             f"{text} (the outcome is unknown: retry with the same intent; a commit that"
             " landed reports Duplicate)"
         )
+    if isinstance(exc, rx.RedisClusterException):
+        # raised by redis-py's Cluster client itself, before or instead of a command
+        if "cluster mode is not enabled" in str(exc).lower():
+            return ConfigurationError(
+                f"{text} (this server is not a Redis Cluster: drop cluster=true)"
+            )
+        cause = exc.__cause__
+        if isinstance(exc, rx.SlotNotCoveredError) or isinstance(
+            cause, rx.ConnectionError | rx.TimeoutError
+        ):
+            return TransientStoreError(
+                f"{text} (the outcome is unknown: retry with the same intent; a commit that"
+                " landed reports Duplicate)"
+            )
+    if isinstance(exc, rx.ResponseError) and str(exc).startswith(("MOVED ", "ASK ")):
+        # a redirection only reaches us from a client that does not follow them
+        return ConfigurationError(
+            f"{text} (this server is a Redis Cluster node: add cluster=true to the URL)"
+        )
     if isinstance(exc, rx.ResponseError) and str(exc).startswith(SCHEMA_ERROR):
         return SchemaError(f"redis: {str(exc)[len(SCHEMA_ERROR) :].strip()}")
     if "shebang" in str(exc).lower():
@@ -1003,6 +1087,13 @@ def _next_scan(
     if nxt == 0:
         node, nxt = node + 1, 0
     return (None if node >= nodes else (node, nxt)), _list(keys)
+
+
+def _first_key(command: Command) -> str:
+    """The first key of a command fencing sends (a script call, HMGET or SMEMBERS)."""
+    if str(command[0]).upper() == "EVALSHA":
+        return str(command[3])
+    return str(command[1])
 
 
 def _client_options(settings: Settings, extra: dict[str, Any]) -> dict[str, Any]:
@@ -1046,23 +1137,27 @@ class RedisBackend:
         """One script call, sent straight (the hot path of commit and probe); the flow
         takes over when it needs more (WAIT, or a script the server does not know)."""
         if self._direct or not write:
-            client: Any = self.client  # see _step
             try:
-                return client.execute_command(*call.command())
+                return self._command(call.command())
             except self._no_script:
                 pass  # it did not run: the flow loads the scripts and sends it again
             except self._errors as exc:
                 raise translate(exc) from exc
         return self._drive(_one(self.settings, call, write=write))
 
-    def _step(self, step: Step) -> object:
+    def _command(self, command: Command) -> object:
         # redis-py types its commands as "a value or an awaitable" for both clients;
-        # the replies are checked where they are read.
+        # the replies are checked where they are read. A Cluster client is made with
+        # cluster_error_retry_attempts=0: it follows MOVED and ASK, never re-sends.
         client: Any = self.client
+        return client.execute_command(*command)
+
+    def _step(self, step: Step) -> object:
+        client: Any = self.client  # see _command
         if isinstance(step, Send):
             if len(step.commands) == 1:
                 try:
-                    return [client.execute_command(*step.commands[0])]
+                    return [self._command(step.commands[0])]
                 except self._response_error as exc:
                     return [exc]
             with client.pipeline(transaction=False) as pipe:
@@ -1071,8 +1166,15 @@ class RedisBackend:
                 return pipe.execute(raise_on_error=False)
         if isinstance(step, Load):
             for script in SCRIPTS.values():
-                client.script_load(script.text)
+                client.script_load(script.text)  # a Cluster client loads on every primary
             return None
+        if isinstance(step, Each):
+            if not self.layout.cluster:
+                return [[client.execute_command(*c) for c in step.commands]]
+            return [
+                [client.execute_command(*c, target_nodes=node) for c in step.commands]
+                for node in client.get_primaries()
+            ]
         nodes: list[Any] = client.get_primaries() if self.layout.cluster else [None]
         target = {} if nodes[step.state[0]] is None else {"target_nodes": nodes[step.state[0]]}
         cursor, keys = client.scan(
@@ -1146,6 +1248,9 @@ class RedisBackend:
     def list_effects(self, query: EffectQuery) -> list[Effect]:
         return self._drive(list_effects_flow(self.settings, query))
 
+    def prune_effects(self, older_than: float) -> int:
+        return self._drive(prune_effects_flow(self.settings, older_than))
+
 
 class AsyncRedisBackend:
     """The asyncio Redis backend (``fencing.open_async("redis://...")``)."""
@@ -1171,19 +1276,30 @@ class AsyncRedisBackend:
         """See ``RedisBackend._script``."""
         if self._direct or not write:
             try:
-                return await self.client.execute_command(*call.command())
+                return await self._command(call.command())
             except self._no_script:
                 pass  # it did not run: the flow loads the scripts and sends it again
             except self._errors as exc:
                 raise translate(exc) from exc
         return await self._drive(_one(self.settings, call, write=write))
 
+    async def _command(self, command: Command) -> object:
+        client: Any = self.client  # see RedisBackend._command
+        if not self.layout.cluster:
+            return await client.execute_command(*command)
+        # The asyncio Cluster client re-sends a command after a lost connection unless
+        # it is told the node (its pipelines need cluster_error_retry_attempts=1 to run
+        # at all): name the node of the command's first key; MOVED and ASK are followed.
+        await client.initialize()
+        node = client.get_node_from_key(_first_key(command))
+        return await client.execute_command(*command, target_nodes=node)
+
     async def _step(self, step: Step) -> object:
-        client: Any = self.client  # see RedisBackend._step
+        client: Any = self.client  # see RedisBackend._command
         if isinstance(step, Send):
             if len(step.commands) == 1:
                 try:
-                    return [await client.execute_command(*step.commands[0])]
+                    return [await self._command(step.commands[0])]
                 except self._response_error as exc:
                     return [exc]
             async with client.pipeline(transaction=False) as pipe:
@@ -1192,8 +1308,17 @@ class AsyncRedisBackend:
                 return await pipe.execute(raise_on_error=False)
         if isinstance(step, Load):
             for script in SCRIPTS.values():
-                await client.script_load(script.text)
+                await client.script_load(script.text)  # on every primary of a Cluster
             return None
+        if self.layout.cluster:
+            await client.initialize()  # its node list is empty until then
+        if isinstance(step, Each):
+            if not self.layout.cluster:
+                return [[await client.execute_command(*c) for c in step.commands]]
+            return [
+                [await client.execute_command(*c, target_nodes=node) for c in step.commands]
+                for node in client.get_primaries()
+            ]
         nodes: list[Any] = client.get_primaries() if self.layout.cluster else [None]
         target = {} if nodes[step.state[0]] is None else {"target_nodes": nodes[step.state[0]]}
         cursor, keys = await client.scan(
@@ -1267,6 +1392,9 @@ class AsyncRedisBackend:
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
         return await self._drive(list_effects_flow(self.settings, query))
 
+    async def prune_effects(self, older_than: float) -> int:
+        return await self._drive(prune_effects_flow(self.settings, older_than))
+
 
 # -- opening --------------------------------------------------------------------------
 def _no_retry() -> dict[str, Any]:
@@ -1282,6 +1410,8 @@ def _checked(make: Callable[[], T]) -> T:
         return make()
     except TypeError as exc:
         raise ConfigurationError(f"redis: bad client option ({exc})") from exc
+    except _driver().errors as exc:  # a Cluster client connects as it is made
+        raise translate(exc) from exc
 
 
 def open_backend(url: StoreURL, **options: Any) -> RedisBackend:
@@ -1294,7 +1424,12 @@ def open_backend(url: StoreURL, **options: Any) -> RedisBackend:
     client: SyncClient
     if settings.layout.cluster:
         client = _checked(
-            lambda: redis.cluster.RedisCluster(host=settings.host, port=settings.port, **kwargs)
+            lambda: redis.cluster.RedisCluster(
+                host=settings.host,
+                port=settings.port,
+                cluster_error_retry_attempts=0,  # follow MOVED/ASK, never re-send
+                **kwargs,
+            )
         )
     else:
         client = _checked(
@@ -1316,7 +1451,12 @@ async def open_async_backend(url: StoreURL, **options: Any) -> AsyncRedisBackend
     if settings.layout.cluster:
         client = _checked(
             lambda: redis.asyncio.cluster.RedisCluster(
-                host=settings.host, port=settings.port, **kwargs
+                host=settings.host,
+                port=settings.port,
+                # one attempt of a pipeline (0 would run none); single commands name
+                # their node, which turns the retries off (AsyncRedisBackend._command)
+                cluster_error_retry_attempts=1,
+                **kwargs,
             )
         )
     else:

@@ -23,7 +23,14 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
-from .._effects import EFFECT_COLUMNS, Effect, EffectQuery, NewEffect, effect_from_row
+from .._effects import (
+    EFFECT_COLUMNS,
+    PRUNABLE,
+    Effect,
+    EffectQuery,
+    NewEffect,
+    effect_from_row,
+)
 from .._errors import (
     AlreadyExists,
     ConfigurationError,
@@ -637,6 +644,10 @@ class SQLiteBackend:
             where, args = _EFFECT_WHERE["open"], []
         args.append(query.limit)
         return self._run(lambda conn, now: self._effects(conn, where, args), write=False)
+
+    def prune_effects(self, older_than: float) -> int:
+        sql = "DELETE FROM fencing_effects WHERE " + PRUNABLE.format(cutoff=":cutoff")
+        return self._run(lambda conn, now: conn.execute(sql, {"cutoff": now - older_than}).rowcount)
 
 
 def _forget_after_fork(ref: weakref.ReferenceType[SQLiteBackend]) -> None:
