@@ -331,3 +331,20 @@ def test_prune_forgets_finished_effects_and_keeps_open_ones(store: Any) -> None:
     kept = store.get_effect(fx_open.idempotency_key)  # needs reconciling: kept, however old
     assert kept is not None and kept.needs_reconcile
     assert [e.idempotency_key for e in store.effects_to_reconcile()] == [fx_open.idempotency_key]
+
+
+def test_abandon_settles_what_is_not_settled(store: Any) -> None:
+    orders = _orders(store)
+    given_up = orders.intent("o-1", "charge")
+    fx = orders.effect(given_up, "charge")
+    (abandoned,) = orders.abandon(given_up)
+    assert (abandoned.idempotency_key, abandoned.outcome) == (fx.idempotency_key, "abandoned")
+    assert orders.abandon(given_up) == [abandoned]  # idempotent: settled once
+    assert [e.outcome for e in store.effects_to_reconcile()] == ["abandoned"]
+    late = orders.intent("o-1", "late")
+    orders.effect(late, "email")
+    orders.commit(orders.intent("o-1", "move"), {"status": "moved"})
+    orders.commit(late, {"status": "late"})  # stale: settled as such, not abandoned later
+    assert [e.outcome for e in orders.abandon(late)] == ["stale"]
+    with pytest.raises(fencing.InvalidIntent):
+        store.collection("other").abandon(given_up)

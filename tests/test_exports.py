@@ -167,9 +167,9 @@ def test_outcomes_share_a_base() -> None:
         ("Store", ["collection", "table", "lease", "acquire", "try_acquire", "migrate", "close"]),
         ("Store", ["effects_to_reconcile", "get_effect", "mark_reconciled"]),
         ("Collection", ["create", "get", "delete", "intent", "commit", "commit_many", "apply"]),
-        ("Collection", ["effect", "effect_done", "effect_failed", "effects"]),
+        ("Collection", ["effect", "effect_done", "effect_failed", "effects", "abandon"]),
         ("Table", ["get", "intent", "commit", "commit_many", "apply"]),
-        ("Table", ["effect", "effect_done", "effect_failed", "effects"]),
+        ("Table", ["effect", "effect_done", "effect_failed", "effects", "abandon"]),
         ("Effect", ["to_dict"]),
         ("Lease", ["renew", "release", "start_heartbeat", "stop_heartbeat"]),
         ("Record", ["intent", "to_dict"]),
@@ -205,7 +205,7 @@ def test_async_store_calls_are_awaitable_and_factories_are_not() -> None:
     effects = ("effects_to_reconcile", "get_effect", "mark_reconciled")
     for name in ("acquire", "try_acquire", "migrate", "prune", "close", *effects):
         assert inspect.iscoroutinefunction(getattr(fencing.AsyncStore, name)), name
-    for name in ("effect", "effect_done", "effect_failed", "effects"):
+    for name in ("effect", "effect_done", "effect_failed", "effects", "abandon"):
         assert inspect.iscoroutinefunction(getattr(fencing.AsyncCollection, name)), name
         assert not inspect.iscoroutinefunction(getattr(fencing.Collection, name)), name
     for name in factories:

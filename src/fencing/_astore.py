@@ -168,6 +168,14 @@ class _AsyncOps(TargetOps):
         key, text = self._effect_change(effect, detail)
         return found_effect(await self._backend.mark_effect(key, "failed", text, False), key)
 
+    async def abandon(self, intent: Intent) -> list[Effect]:
+        """Say that ``intent``'s work will not be tried again (its task failed for good):
+        its recorded effects not yet settled are settled as ``"abandoned"``, so they are
+        listed for reconciliation. Returns the intent's effects. The task-queue
+        integrations call it when a task fails without a retry."""
+        checked = self._check_intent(intent)
+        return await self._settle(Settle(checked, "abandoned"))
+
     async def effects(self, intent: Intent) -> list[Effect]:
         """The effects recorded for ``intent``'s work (any derivation of its root id)."""
         return await self._backend.list_effects(self._effects_query(intent))

@@ -43,8 +43,9 @@ __all__ = [
 
 EffectStatus = Literal["pending", "done", "failed"]
 STATUSES: Final = ("pending", "done", "failed")
-#: The outcomes that settle an intent's effects (the decision never committed).
-SETTLING: Final = ("stale", "fenced", "contended", "missing")
+#: The outcomes that settle an intent's effects (the decision never committed);
+#: ``"abandoned"``: its task failed for good (``collection.abandon(intent)``).
+SETTLING: Final = ("stale", "fenced", "contended", "missing", "abandoned")
 MAX_DETAIL_BYTES: Final = 16 * 1024
 MAX_LIST: Final = 10_000
 
@@ -77,7 +78,8 @@ class Effect:
     ``idempotency_key`` is stable for the intent's work (its root id) and ``name``:
     pass it to the provider. ``status`` is ``"pending"`` until marked ``"done"`` or
     ``"failed"``. ``outcome`` is set once the intent ended without committing
-    (``"stale"``, ``"fenced"``, ``"contended"`` or ``"missing"``); such an effect
+    (``"stale"``, ``"fenced"``, ``"contended"`` or ``"missing"``), or its task was
+    given up (``"abandoned"``); such an effect
     ``needs_reconcile`` until it is marked ``reconciled``. Times are the store's clock.
     """
 

@@ -25,6 +25,8 @@ from fencing.contrib._common import (
     TaskReport,
     classify,
     current_intent,
+    current_target,
+    effect,
 )
 
 SIGNER = fencing.Signer(keys={"k1": b"0123456789abcdef0123"}, current="k1")
@@ -203,7 +205,7 @@ def test_recompute_under_contention_then_contended(store: fencing.Store) -> None
     assert (report.action, report.kind) == (Action.ACK, "contended")
 
 
-def test_reconcile_handler_gets_no_effects_yet(store: fencing.Store) -> None:
+def test_reconcile_handler_gets_the_recorded_effects(store: fencing.Store) -> None:
     orders = store.collection("orders")
     record = orders.create("o-1", {"status": "packed"})
     calls: list[tuple[str, int, Sequence[Any]]] = []
@@ -211,11 +213,41 @@ def test_reconcile_handler_gets_no_effects_yet(store: fencing.Store) -> None:
     def handler(intent: fencing.Intent, current: fencing.Record, effects: Sequence[Any]) -> None:
         calls.append((intent.id, current.version, effects))
 
-    spec = task(orders, on_stale=fencing.Reconcile(handler))
-    payload = spec.encode(record, "ship")
-    orders.commit(record.intent("cancel"), {"status": "cancelled"})
+    def charge_then_lose(rec: fencing.Record) -> dict[str, Any]:
+        fx = effect("charge", detail={"amount": 5})
+        current_target().effect_done(fx)
+        orders.commit(orders.intent("o-1", "cancel"), {"status": "cancelled"})  # a rival wins
+        return {**rec.state, "status": "charged"}
+
+    spec = task(orders, decide=charge_then_lose, on_stale=fencing.Reconcile(handler))
+    payload = spec.encode(record, "charge")
     assert spec.run(payload).kind == "stale"
-    assert calls == [(spec.decode(payload).id, 2, ())]  # effects=() until effects are recorded
+    ((intent_id, version, effects),) = calls
+    assert (intent_id, version) == (spec.decode(payload).id, 2)
+    assert [(e.name, e.status, e.outcome) for e in effects] == [("charge", "done", "stale")]
+    assert [e.idempotency_key for e in store.effects_to_reconcile()] == [effects[0].idempotency_key]
+    with pytest.raises(RuntimeError, match="inside a fenced task"):
+        effect("charge")  # outside a task there is no intent to record it against
+
+
+def test_a_task_that_fails_for_good_abandons_its_effects(store: fencing.Store) -> None:
+    orders = store.collection("orders")
+    record = orders.create("o-1", {"status": "packed"})
+
+    def charge_then_crash(rec: fencing.Record) -> dict[str, Any]:
+        current_target().effect_done(effect("charge"))
+        raise KeyError("bug after the charge")
+
+    spec = task(orders, decide=charge_then_crash)
+    report = spec.run(spec.encode(record, "charge"))
+    assert (report.action, report.kind) == (Action.FAIL, "error")
+    (listed,) = store.effects_to_reconcile()  # the charge was made for work that never will be
+    assert (listed.name, listed.status, listed.outcome) == ("charge", "done", "abandoned")
+    flaky = task(orders, decide=charge_then_crash, retry_on=(KeyError,))
+    retried = flaky.run(flaky.encode(record, "charge"))
+    assert retried.action is Action.RETRY  # it will run again: nothing is abandoned
+    assert len(store.effects_to_reconcile()) == 1
+    assert orders.get("o-1").version == 1  # type: ignore[union-attr]
 
 
 def test_a_worker_paused_past_its_lease_is_fenced(store: fencing.Store) -> None:

@@ -114,6 +114,16 @@ def current_intent() -> Intent | None:
     return _current.get()
 
 
+def _not_abandoned(report: TaskReport, why: Exception) -> None:
+    logger.warning(
+        "%s: could not settle the effects of failed intent %s (%s: %s); they stay pending",
+        report.task,
+        report.intent.id if report.intent is not None else None,
+        type(why).__name__,
+        why,
+    )
+
+
 def current_target() -> Any:
     """The collection or table the running fenced task commits to (None outside one)."""
     return _target.get()
@@ -539,6 +549,11 @@ class FencedTask:
                 _current.reset(token)
         except Exception as exc:
             report = self._failed(intent, exc, attempt)
+            if report.action is Action.FAIL and intent is not None:
+                try:  # its effects are listed for reconciliation; the task fails anyway
+                    self._target.sync().abandon(intent)
+                except Exception as why:
+                    _not_abandoned(report, why)
         else:
             report = TaskReport(
                 self.name, Action.ACK, outcome.kind, attempt, intent, outcome, token=token_used
@@ -563,6 +578,11 @@ class FencedTask:
                 _current.reset(token)
         except Exception as exc:
             report = self._failed(intent, exc, attempt)
+            if report.action is Action.FAIL and intent is not None:
+                try:
+                    await (await self._target.aget()).abandon(intent)
+                except Exception as why:
+                    _not_abandoned(report, why)
         else:
             report = TaskReport(
                 self.name, Action.ACK, outcome.kind, attempt, intent, outcome, token=token_used
