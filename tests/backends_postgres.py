@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ._backends import Case, register
+import fencing
+
+from ._backends import Case, register, require_server
+from ._syncify import Loop, Syncified
 
 BASE_URL = os.environ.get("FENCING_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
 _parts = urlsplit(BASE_URL)
@@ -111,3 +116,39 @@ register(
         cleanup=cleanup,
     )
 )
+
+
+# -- what the PostgreSQL-specific test files share -----------------------------------------
+@dataclass
+class Setup:
+    url: str
+    app: str  # application_name of the store's connections (to find them on the server)
+    schema: str
+
+
+def new_setup(**options: str) -> Setup:
+    require_server("PostgreSQL", HOST, PORT)
+    schema = "fencing_t_" + uuid.uuid4().hex[:16]
+    app = "fencing-test-" + uuid.uuid4().hex[:8]
+    return Setup(url_for(schema, application_name=app, **options), app, schema)
+
+
+@contextmanager
+def opened(url: str, api: str, **options: Any) -> Iterator[Any]:
+    """A store on ``url`` through the sync API, or the async API made to look sync."""
+    if api == "sync":
+        store = fencing.open(url, **options)
+        try:
+            yield store
+        finally:
+            store.close()
+        return
+    loop = Loop()
+    try:
+        store = Syncified(loop.run(fencing.open_async(url, **options)), loop)
+        try:
+            yield store
+        finally:
+            store.close()
+    finally:
+        loop.close()

@@ -94,3 +94,13 @@ def make_table(store: Any, backend_name: str) -> Any:
         return store.table(name, key=key, version=version)
 
     return make
+
+
+@pytest.fixture
+def pg() -> Iterator[Any]:
+    """A fresh schema on the PostgreSQL server (``backends_postgres.Setup``), dropped after."""
+    from .backends_postgres import cleanup, new_setup
+
+    setup = new_setup(max_size="4")
+    yield setup
+    cleanup(setup.url)

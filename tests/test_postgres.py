@@ -20,7 +20,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -43,56 +42,24 @@ from fencing import (
     Stale,
 )
 
-from ._backends import TABLE_COLUMNS, require_server
-from ._syncify import Loop, Syncified
-from .backends_postgres import HOST, PORT, admin, cleanup, create_table, schema_of, url_for
+from ._backends import TABLE_COLUMNS
+from ._syncify import Syncified
+from .backends_postgres import (
+    HOST,
+    PORT,
+    Setup,
+    admin,
+    cleanup,
+    create_table,
+    new_setup,
+    opened,
+    schema_of,
+)
 
 psycopg = pytest.importorskip("psycopg")
 
 SPAWN = multiprocessing.get_context("spawn")
 WAIT = 30.0  # seconds any single blocked step may take before the test fails
-
-
-@dataclass
-class Setup:
-    url: str
-    app: str  # application_name of the store's connections (to find them on the server)
-    schema: str
-
-
-def new_setup(**options: str) -> Setup:
-    require_server("PostgreSQL", HOST, PORT)
-    schema = "fencing_t_" + uuid.uuid4().hex[:16]
-    app = "fencing-test-" + uuid.uuid4().hex[:8]
-    return Setup(url_for(schema, application_name=app, **options), app, schema)
-
-
-@pytest.fixture
-def pg() -> Iterator[Setup]:
-    setup = new_setup(max_size="4")
-    yield setup
-    cleanup(setup.url)
-
-
-@contextmanager
-def opened(url: str, api: str, **options: Any) -> Iterator[Any]:
-    """A store on ``url`` through the sync API, or the async API made to look sync."""
-    if api == "sync":
-        store = fencing.open(url, **options)
-        try:
-            yield store
-        finally:
-            store.close()
-        return
-    loop = Loop()
-    try:
-        store = Syncified(loop.run(fencing.open_async(url, **options)), loop)
-        try:
-            yield store
-        finally:
-            store.close()
-    finally:
-        loop.close()
 
 
 @contextmanager

@@ -15,7 +15,6 @@ import multiprocessing
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,56 +29,13 @@ import fencing
 from fencing import Stale
 from fencing._effects import dump_detail, effect_key
 
-from ._backends import require_server
-from ._syncify import Loop, Syncified
-from .backends_postgres import HOST, PORT, admin, cleanup, url_for
+from ._syncify import Syncified
+from .backends_postgres import Setup, admin, cleanup, new_setup, opened
 
 psycopg = pytest.importorskip("psycopg")
 
 SPAWN = multiprocessing.get_context("spawn")
 WAIT = 30.0  # seconds any single blocked step may take before the test fails
-
-
-@dataclass
-class Setup:
-    url: str
-    app: str  # application_name of the store's connections (to find them on the server)
-    schema: str
-
-
-def new_setup(**options: str) -> Setup:
-    require_server("PostgreSQL", HOST, PORT)
-    schema = "fencing_t_" + uuid.uuid4().hex[:16]
-    app = "fencing-test-" + uuid.uuid4().hex[:8]
-    return Setup(url_for(schema, application_name=app, **options), app, schema)
-
-
-@pytest.fixture
-def pg() -> Iterator[Setup]:
-    setup = new_setup(max_size="4")
-    yield setup
-    cleanup(setup.url)
-
-
-@contextmanager
-def opened(url: str, api: str, **options: Any) -> Iterator[Any]:
-    """A store on ``url`` through the sync API, or the async API made to look sync."""
-    if api == "sync":
-        store = fencing.open(url, **options)
-        try:
-            yield store
-        finally:
-            store.close()
-        return
-    loop = Loop()
-    try:
-        store = Syncified(loop.run(fencing.open_async(url, **options)), loop)
-        try:
-            yield store
-        finally:
-            store.close()
-    finally:
-        loop.close()
 
 
 def backend_of(store: Any) -> Any:
