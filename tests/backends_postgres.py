@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -152,3 +154,45 @@ def opened(url: str, api: str, **options: Any) -> Iterator[Any]:
             store.close()
     finally:
         loop.close()
+
+
+# -- what one call sends: libpq's protocol trace ---------------------------------------------
+@dataclass
+class Traffic:
+    statements: int  # Execute (extended protocol) and Query (simple) messages
+    round_trips: int  # Sync and Query messages: each waits for ReadyForQuery
+    prepares: int  # a named Parse: psycopg preparing a statement it saw 5 times
+
+
+def pgconn_of(store: Any) -> Any:
+    """The one connection of a store opened with max_size=1."""
+    backend = store.backend
+    if isinstance(store, Syncified):
+
+        async def get() -> Any:
+            async with backend.pool.connection() as conn:
+                return conn.pgconn
+
+        return store._loop.run(get())
+    with backend.pool.connection() as conn:
+        return conn.pgconn
+
+
+@contextmanager
+def traced(pgconn: Any) -> Iterator[list[Traffic]]:
+    from psycopg import pq
+
+    found: list[Traffic] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace"
+        with path.open("w") as f:
+            pgconn.trace(f.fileno())
+            pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+            try:
+                yield found
+            finally:
+                pgconn.untrace()
+        sent = [line.split("\t") for line in path.read_text().splitlines() if line[:2] == "F\t"]
+    kinds = Counter(parts[2] for parts in sent)
+    named = sum(1 for p in sent if p[2] == "Parse" and not p[3].startswith(' ""'))
+    found.append(Traffic(kinds["Execute"] + kinds["Query"], kinds["Sync"] + kinds["Query"], named))

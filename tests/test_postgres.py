@@ -17,7 +17,6 @@ import random
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -25,8 +24,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,17 +40,19 @@ from fencing import (
 )
 
 from ._backends import TABLE_COLUMNS
-from ._syncify import Syncified
 from .backends_postgres import (
     HOST,
     PORT,
     Setup,
+    Traffic,
     admin,
     cleanup,
     create_table,
     new_setup,
     opened,
+    pgconn_of,
     schema_of,
+    traced,
 )
 
 psycopg = pytest.importorskip("psycopg")
@@ -545,47 +544,6 @@ def test_threads_and_processes_on_one_hot_key(pg16: Setup) -> None:
 
 
 # -- (c) one statement, one round trip -----------------------------------------------------
-@dataclass
-class Traffic:
-    statements: int  # Execute (extended protocol) and Query (simple) messages
-    round_trips: int  # Sync and Query messages: each waits for ReadyForQuery
-    prepares: int  # a named Parse: psycopg preparing a statement it saw 5 times
-
-
-def _pgconn(store: Any) -> Any:
-    """The one connection of a store opened with max_size=1."""
-    backend = store.backend
-    if isinstance(store, Syncified):
-
-        async def get() -> Any:
-            async with backend.pool.connection() as conn:
-                return conn.pgconn
-
-        return store._loop.run(get())
-    with backend.pool.connection() as conn:
-        return conn.pgconn
-
-
-@contextmanager
-def traced(pgconn: Any) -> Iterator[list[Traffic]]:
-    from psycopg import pq
-
-    found: list[Traffic] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace"
-        with path.open("w") as f:
-            pgconn.trace(f.fileno())
-            pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-            try:
-                yield found
-            finally:
-                pgconn.untrace()
-        sent = [line.split("\t") for line in path.read_text().splitlines() if line[:2] == "F\t"]
-    kinds = Counter(parts[2] for parts in sent)
-    named = sum(1 for p in sent if p[2] == "Parse" and not p[3].startswith(' ""'))
-    found.append(Traffic(kinds["Execute"] + kinds["Query"], kinds["Sync"] + kinds["Query"], named))
-
-
 def _each_once(traffic: list[Traffic], statements: int = 1) -> None:
     """Every call: ``statements`` statements, one round trip; one call may need one more
     round trip, the single time psycopg prepares a lone statement (threshold 5); in a
@@ -609,7 +567,7 @@ def test_commit_is_one_statement_and_one_round_trip(api: str) -> None:
             create_table(store, "orders_t", "id", "version", TABLE_COLUMNS, [{"id": 1}])
             table = store.table("orders_t")
             lease = store.acquire("orders/o-1", owner="w", ttl=60)
-            pgconn = _pgconn(store)
+            pgconn = pgconn_of(store)
             plain, guarded, fenced, rows, batches, leases = [], [], [], [], [], []
             repeated, fenced_batches = [], []
             for n in range(8):

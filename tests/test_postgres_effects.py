@@ -12,15 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
-import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +26,7 @@ from fencing import Stale
 from fencing._effects import dump_detail, effect_key
 
 from ._syncify import Syncified
-from .backends_postgres import Setup, admin, cleanup, new_setup, opened
+from .backends_postgres import Setup, Traffic, admin, cleanup, new_setup, opened, pgconn_of, traced
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -332,53 +328,12 @@ def test_the_stored_row_is_the_given_text_and_the_server_clock(pg: Setup, api: s
 
 
 # -- one statement, one round trip ---------------------------------------------------------
-@dataclass
-class Traffic:
-    statements: int  # Execute (extended protocol) and Query (simple) messages
-    round_trips: int  # Sync and Query messages: each waits for ReadyForQuery
-    prepares: int  # a named Parse: psycopg preparing a statement it saw 5 times
-
-
-def _pgconn(store: Any) -> Any:
-    """The one connection of a store opened with max_size=1."""
-    backend = store.backend
-    if isinstance(store, Syncified):
-
-        async def get() -> Any:
-            async with backend.pool.connection() as conn:
-                return conn.pgconn
-
-        return store._loop.run(get())
-    with backend.pool.connection() as conn:
-        return conn.pgconn
-
-
-@contextmanager
-def traced(pgconn: Any) -> Iterator[list[Traffic]]:
-    from psycopg import pq
-
-    found: list[Traffic] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace"
-        with path.open("w") as f:
-            pgconn.trace(f.fileno())
-            pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-            try:
-                yield found
-            finally:
-                pgconn.untrace()
-        sent = [line.split("\t") for line in path.read_text().splitlines() if line[:2] == "F\t"]
-    kinds = Counter(parts[2] for parts in sent)
-    named = sum(1 for p in sent if p[2] == "Parse" and not p[3].startswith(' ""'))
-    found.append(Traffic(kinds["Execute"] + kinds["Query"], kinds["Sync"] + kinds["Query"], named))
-
-
 def test_each_effect_operation_is_one_statement_and_one_round_trip(api: str) -> None:
     setup = new_setup(min_size="1", max_size="1")
     try:
         with opened(setup.url, api) as store:
             orders = store.collection("orders")
-            pgconn = _pgconn(store)
+            pgconn = pgconn_of(store)
             calls: dict[str, list[Traffic]] = {}
 
             def call(kind: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
