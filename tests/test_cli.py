@@ -102,3 +102,22 @@ def test_reconcile_bad_input_is_a_clean_error(
     assert "InvalidInput" in capsys.readouterr().err
     with fencing.open(url) as store:
         assert [e.idempotency_key for e in store.effects_to_reconcile()] == [key]
+
+
+def test_reconcile_lists_pending_effects_on_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import time
+
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    with fencing.open(url) as store:
+        orders = store.collection("orders")
+        orders.create("o-1", {"status": "new"})
+        key = orders.effect(orders.intent("o-1", "charge"), "charge").idempotency_key
+    time.sleep(0.2)
+    assert main(["reconcile", url, "--fail-if-any"]) == 0  # not settled: not listed
+    capsys.readouterr()
+    assert main(["reconcile", url, "--pending-for", "0.1", "--fail-if-any"]) == 1
+    out = capsys.readouterr().out
+    assert key in out and "no effect needs reconciling" in out
+    assert main(["reconcile", url, "--pending-for", "0.1", "--mark", key, "--fail-if-any"]) == 0

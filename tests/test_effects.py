@@ -348,3 +348,34 @@ def test_abandon_settles_what_is_not_settled(store: Any) -> None:
     assert [e.outcome for e in orders.abandon(late)] == ["stale"]
     with pytest.raises(fencing.InvalidIntent):
         store.collection("other").abandon(given_up)
+
+
+def test_pending_effects_are_those_of_work_that_never_ended(store: Any) -> None:
+    import time
+
+    orders = store.collection("orders")
+    for key in ("a", "b", "c", "d"):
+        orders.create(key, {"n": 0})
+    vanished = orders.intent("a", "charge")  # charged, then the task was never seen again
+    fx_vanished = orders.effect_done(orders.effect(vanished, "charge"))
+    committed = orders.intent("b", "charge")
+    orders.effect(committed, "charge")
+    assert orders.commit(committed, {"n": 1}).committed
+    settled = orders.intent("c", "charge")
+    orders.effect(settled, "charge")
+    orders.commit(orders.intent("c", "move"), {"n": 5})
+    orders.commit(settled, {"n": 1})  # stale: listed by effects_to_reconcile instead
+    marked = orders.intent("d", "charge")
+    store.mark_reconciled(orders.effect(marked, "charge"))  # someone dealt with it
+
+    assert store.pending_effects(older_than=3600) == []  # nothing is an hour old
+    time.sleep(0.3)
+    (stuck,) = store.pending_effects(older_than=0.1)
+    assert stuck.idempotency_key == fx_vanished.idempotency_key and stuck.status == "done"
+    assert store.pending_effects(older_than=0.1, limit=1) == [stuck]
+    store.mark_reconciled(stuck)
+    assert store.pending_effects(older_than=0.1) == []
+    with pytest.raises(fencing.InvalidInput):
+        store.pending_effects(older_than=-1)
+    with pytest.raises(fencing.InvalidInput):
+        store.pending_effects(older_than=float("nan"))

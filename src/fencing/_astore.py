@@ -24,6 +24,7 @@ from ._front import (
     effect_ref,
     found_effect,
     key_query,
+    pending_query,
     reconcile_query,
 )
 from ._policy import (
@@ -396,6 +397,16 @@ class AsyncStore:
         """Effects of intents that ended stale, fenced, contended or missing, not yet
         marked reconciled; oldest first. ``fencing reconcile URL`` lists the same."""
         return await self.backend.list_effects(reconcile_query(limit))
+
+    async def pending_effects(
+        self, *, older_than: float = 3600.0, limit: int = 100
+    ) -> list[Effect]:
+        """Effects whose work has neither committed nor ended, untouched for ``older_than``
+        seconds: a task that made its call and then vanished (killed for good and never
+        redelivered, or failed while the store was unreachable). Oldest first; marking
+        one reconciled takes it off this list too. Reads every effect: for a check, not
+        a hot path."""
+        return await self.backend.list_effects(pending_query(older_than, limit))
 
     async def get_effect(self, idempotency_key: str) -> Effect | None:
         """One effect by its idempotency key, or None."""

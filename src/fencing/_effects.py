@@ -28,6 +28,7 @@ from ._values import Contended, Fenced, Intent, Kind, Missing, Outcome, Stale
 
 __all__ = [
     "EFFECT_COLUMNS",
+    "PENDING",
     "PRUNABLE",
     "Effect",
     "EffectQuery",
@@ -37,6 +38,7 @@ __all__ = [
     "effect_from_row",
     "effect_key",
     "new_effect_row",
+    "pending",
     "prunable",
     "settles",
 ]
@@ -129,13 +131,15 @@ class EffectQuery:
     """Which effects a backend lists, oldest first.
 
     Exactly one of: the effects of one intent (``scope`` and ``intent_id``), one
-    effect (``idempotency_key``), or (neither) the effects that need reconciling.
+    effect (``idempotency_key``), the effects still pending ``pending_for`` seconds
+    or more (``PENDING``), or (none of these) the effects that need reconciling.
     """
 
     scope: str | None = None
     intent_id: str | None = None
     idempotency_key: str | None = None
     limit: int = 100
+    pending_for: float | None = None
 
     def matches(self, effect: Effect) -> bool:
         """The query as a predicate: the reference every backend is held to."""
@@ -143,6 +147,8 @@ class EffectQuery:
             return effect.idempotency_key == self.idempotency_key
         if self.intent_id is not None:
             return effect.scope == self.scope and effect.intent_id == self.intent_id
+        if self.pending_for is not None:  # and its work not committed: the backend knows
+            return effect.outcome is None and not effect.reconciled
         return effect.needs_reconcile
 
 
@@ -157,6 +163,26 @@ PRUNABLE: Final = (
     " AND fencing_applied.intent_id = fencing_effects.intent_id))"
     " OR (reconciled_at IS NOT NULL AND reconciled_at < {cutoff})"
 )
+
+
+#: Effects whose work has neither committed nor ended, untouched since ``{cutoff}``: a
+#: task that charged and then vanished (killed for good, never redelivered, or failed
+#: while the store was unreachable). Not settled, so not listed by default.
+PENDING: Final = (
+    "outcome IS NULL AND reconciled_at IS NULL AND updated_at < {cutoff} AND NOT EXISTS"
+    " (SELECT 1 FROM fencing_applied WHERE fencing_applied.scope = fencing_effects.scope"
+    " AND fencing_applied.intent_id = fencing_effects.intent_id)"
+)
+
+
+def pending(effect: Effect, cutoff: float, committed: bool) -> bool:
+    """``PENDING`` as a predicate (``committed``: the intent's root id is applied)."""
+    return (
+        effect.outcome is None
+        and not effect.reconciled
+        and effect.updated_at < cutoff
+        and not committed
+    )
 
 
 def prunable(effect: Effect, cutoff: float, committed: bool) -> bool:

@@ -46,6 +46,7 @@ __all__ = [
     "effect_ref",
     "found_effect",
     "key_query",
+    "pending_query",
     "reconcile_query",
 ]
 
@@ -263,6 +264,19 @@ def found_effect(effect: Effect | None, key: str) -> Effect:
 
 def reconcile_query(limit: object) -> EffectQuery:
     return EffectQuery(limit=check_limit(limit))
+
+
+def pending_query(older_than: object, limit: object) -> EffectQuery:
+    if (
+        isinstance(older_than, bool)
+        or not isinstance(older_than, int | float)
+        or not math.isfinite(older_than)
+        or older_than < 0
+    ):
+        raise InvalidInput(
+            f"older_than must be a non-negative number of seconds, not {older_than!r}"
+        )
+    return EffectQuery(limit=check_limit(limit), pending_for=float(older_than))
 
 
 def key_query(key: object) -> EffectQuery:

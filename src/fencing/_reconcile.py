@@ -32,6 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="mark the effect with this idempotency key reconciled (repeatable; idempotent)",
     )
     parser.add_argument("--limit", type=int, default=100, help="list at most this many")
+    parser.add_argument(
+        "--pending-for",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="also list effects whose work has neither committed nor ended for this long"
+        " (a task that vanished after its call)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON lines, one per effect")
     parser.add_argument(
         "--fail-if-any",
@@ -49,23 +57,29 @@ def run(args: argparse.Namespace) -> int:
             before = store.get_effect(key)
             effect = store.mark_reconciled(key)
             marked.append((effect, before is not None and before.reconciled))
-        pending = store.effects_to_reconcile(limit=args.limit)
+        settled = store.effects_to_reconcile(limit=args.limit)
+        stuck = []
+        if args.pending_for is not None:
+            stuck = store.pending_effects(older_than=args.pending_for, limit=args.limit)
     if args.json:
         for effect, already in marked:
             print(json.dumps({"marked": effect.to_dict(), "already": already}, sort_keys=True))
-        for effect in pending:
+        for effect in [*settled, *stuck]:
             print(json.dumps(effect.to_dict(), sort_keys=True))
     else:
         for effect, already in marked:
             state = "was already reconciled" if already else "marked reconciled"
             print(f"{effect.idempotency_key} {state}")
-        _show(pending, args.limit)
-    return 1 if args.fail_if_any and pending else 0
+        _show(settled, args.limit, "need reconciling", "no effect needs reconciling")
+        if args.pending_for is not None:
+            title = f"pending for {args.pending_for:g} s or more, work neither committed nor ended"
+            _show(stuck, args.limit, title, f"no effect {title}")
+    return 1 if args.fail_if_any and (settled or stuck) else 0
 
 
-def _show(effects: list[Effect], limit: int) -> None:
+def _show(effects: list[Effect], limit: int, what: str, empty: str) -> None:
     if not effects:
-        print("no effect needs reconciling")
+        print(empty)
         return
     headers = ("idempotency key", "where", "intent", "effect", "status", "outcome", "age", "detail")
     rows = [_row(e) for e in effects]
@@ -77,7 +91,7 @@ def _show(effects: list[Effect], limit: int) -> None:
         for row in rows:
             print("\t".join(row))
     else:
-        table = Table(title=f"{len(effects)} effect(s) need reconciling", title_justify="left")
+        table = Table(title=f"{len(effects)} effect(s) {what}", title_justify="left")
         table.add_column(headers[0], no_wrap=True, min_width=43)
         for header in headers[1:]:
             table.add_column(header, overflow="fold")

@@ -23,6 +23,7 @@ from ._front import (
     effect_ref,
     found_effect,
     key_query,
+    pending_query,
     reconcile_query,
 )
 from ._policy import (
@@ -395,6 +396,14 @@ class Store:
         """Effects of intents that ended stale, fenced, contended or missing, not yet
         marked reconciled; oldest first. ``fencing reconcile URL`` lists the same."""
         return self.backend.list_effects(reconcile_query(limit))
+
+    def pending_effects(self, *, older_than: float = 3600.0, limit: int = 100) -> list[Effect]:
+        """Effects whose work has neither committed nor ended, untouched for ``older_than``
+        seconds: a task that made its call and then vanished (killed for good and never
+        redelivered, or failed while the store was unreachable). Oldest first; marking
+        one reconciled takes it off this list too. Reads every effect: for a check, not
+        a hot path."""
+        return self.backend.list_effects(pending_query(older_than, limit))
 
     def get_effect(self, idempotency_key: str) -> Effect | None:
         """One effect by its idempotency key, or None."""

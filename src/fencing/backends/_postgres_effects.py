@@ -35,7 +35,15 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .._effects import EFFECT_COLUMNS, PRUNABLE, Effect, EffectQuery, NewEffect, effect_from_row
+from .._effects import (
+    EFFECT_COLUMNS,
+    PENDING,
+    PRUNABLE,
+    Effect,
+    EffectQuery,
+    NewEffect,
+    effect_from_row,
+)
 from .._errors import TransientStoreError
 
 if TYPE_CHECKING:
@@ -97,6 +105,7 @@ _LIST: Final = f"SELECT {_ROW} FROM fencing_effects WHERE {{}}{_ORDER} LIMIT %(l
 _LIST_BY_KEY: Final = _LIST.format("idempotency_key = %(key)s")
 _LIST_BY_INTENT: Final = _LIST.format("scope = %(scope)s AND intent_id = %(id)s")
 _LIST_OPEN: Final = _LIST.format("outcome IS NOT NULL AND reconciled_at IS NULL")
+_LIST_PENDING: Final = _LIST.format(PENDING.format(cutoff=f"({_NOW} - %(age)s::float8)"))
 
 _TABLE: Final = re.compile(r"(?<![\w'\".])fencing_effects\b")
 
@@ -183,6 +192,12 @@ def list_effects_flow(query: EffectQuery, schema: str | None) -> Flow[list[Effec
         text, params["key"] = _LIST_BY_KEY, query.idempotency_key
     elif query.intent_id is not None:
         text, params["scope"], params["id"] = _LIST_BY_INTENT, query.scope, query.intent_id
+    elif query.pending_for is not None:
+        from .postgres import Query, qualified  # its applied table too, in the schema
+
+        params["age"] = float(query.pending_for)
+        found = yield from _idempotent(Query(qualified(_LIST_PENDING, schema), params))
+        return [effect_from_row(row) for row in found.rows]
     else:
         text = _LIST_OPEN
     found = yield from _idempotent(_query(text, params, schema))

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, prunable
+from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, pending, prunable
 from .._errors import AlreadyExists, ConfigurationError, SchemaError
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._values import Record
@@ -243,6 +243,11 @@ class MemoryBackend:
 
     def _list(self, query: EffectQuery) -> list[Effect]:
         found = [effect_from_row(row) for row in self._effects.values()]
+        if query.pending_for is not None:
+            cutoff = self.clock() - query.pending_for
+            found = [
+                e for e in found if pending(e, cutoff, (e.scope, e.intent_id) in self._applied)
+            ]
         found = [e for e in found if query.matches(e)]
         found.sort(key=lambda e: (e.recorded_at, e.idempotency_key))
         return found[: query.limit]

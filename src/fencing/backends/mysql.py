@@ -139,7 +139,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import unquote
 
-from .._effects import EFFECT_COLUMNS, PRUNABLE, Effect, EffectQuery, NewEffect, effect_from_row
+from .._effects import (
+    EFFECT_COLUMNS,
+    PENDING,
+    PRUNABLE,
+    Effect,
+    EffectQuery,
+    NewEffect,
+    effect_from_row,
+)
 from .._errors import (
     AlreadyExists,
     ConfigurationError,
@@ -344,6 +352,7 @@ _EFFECT_ORDER: Final = " ORDER BY recorded_at, idempotency_key"
 _EFFECT_BY_KEY: Final = "idempotency_key = %s"
 _EFFECT_BY_INTENT: Final = "scope = %s AND intent_id = %s"
 _EFFECT_OPEN: Final = "open_since IS NOT NULL"  # outcome set, reconciled_at NULL
+_EFFECT_PENDING: Final = PENDING.format(cutoff=f"({_NOW} - %s)")
 # The first recording wins: a duplicate key only takes the row's lock (no change), so
 # concurrent recordings of one key wait for the first to commit and then find its row.
 # (Not INSERT IGNORE: that would also turn a value the column cannot hold into a warning.)
@@ -854,6 +863,8 @@ def list_effects_flow(query: EffectQuery) -> Flow[list[Effect]]:
         where, params = _EFFECT_BY_KEY, (query.idempotency_key,)
     elif query.intent_id is not None:
         where, params = _EFFECT_BY_INTENT, (query.scope, query.intent_id)
+    elif query.pending_for is not None:
+        where, params = _EFFECT_PENDING, (float(query.pending_for),)
     else:
         where, params = _EFFECT_OPEN, ()
     order = " ORDER BY open_since, idempotency_key" if not params else _EFFECT_ORDER

@@ -159,7 +159,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import unquote
 
-from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, prunable
+from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, pending, prunable
 from .._errors import (
     AlreadyExists,
     ConfigurationError,
@@ -977,6 +977,8 @@ def settle_effects_flow(
 
 
 def list_effects_flow(settings: Settings, query: EffectQuery) -> Flow[list[Effect]]:
+    if query.pending_for is not None:
+        return (yield from pending_effects_flow(settings, query))
     layout = settings.layout
     keys = [layout.effect_rows]
     if query.idempotency_key is None:
@@ -990,24 +992,28 @@ def list_effects_flow(settings: Settings, query: EffectQuery) -> Flow[list[Effec
     return [e for e in map(effect_reply, _list(reply)) if query.matches(e)]
 
 
-def prune_effects_flow(settings: Settings, older_than: float) -> Flow[int]:
-    """Scan every effect (read-only steps), then remove the prunable ones of each page
-    in one script that judges each again on its row as it is then.
+Page = tuple[list[Effect], set[str], float]
+
+
+def _effect_pages(settings: Settings, older_than: float) -> Flow[list[Page]]:
+    """Every effect, a page at a time (read-only steps): ``(effects, the keys of those
+    old and unsettled whose work committed, the cutoff in seconds)``.
 
     Whether an unsettled effect's work committed is read from its record's applied
-    ids, in their own slots (one pipelined round trip a page): not atomic with the
-    removal, and it need not be: an applied id stays until ``prune`` forgets applied
-    ids, which ``Store.prune`` does after the effects.
+    ids, in their own slots (one pipelined round trip a page). Not atomic with what
+    the caller does next, and it need not be: an applied id stays until ``prune``
+    forgets applied ids, which ``Store.prune`` does after the effects.
     """
     layout = settings.layout
     age = max(0, round(older_than * 1_000_000))
-    removed, cursor = 0, "0"
+    pages: list[Page] = []
+    cursor = "0"
     while True:
         call = _call(layout, "scan_effects", [layout.effect_rows], [cursor, "200"])
         page = _list((yield from _one(settings, call, write=False)))
-        cursor, cutoff = _text(page[0]), _int(page[1]) - age
+        cursor, cutoff = _text(page[0]), (_int(page[1]) - age) / 1e6
         effects = [effect_reply(row) for row in page[2:]]
-        unsettled = [e for e in effects if e.outcome is None and e.updated_at < cutoff / 1e6]
+        unsettled = [e for e in effects if e.outcome is None and e.updated_at < cutoff]
         committed: set[str] = set()
         if unsettled:
             checks = [
@@ -1022,14 +1028,37 @@ def prune_effects_flow(settings: Settings, older_than: float) -> Flow[int]:
             answers = yield from _eval(settings, checks, write=False)
             pairs = zip(unsettled, answers, strict=True)
             committed = {e.idempotency_key for e, a in pairs if _int(a)}
-        old = [e for e in effects if prunable(e, cutoff / 1e6, e.idempotency_key in committed)]
+        pages.append((effects, committed, cutoff))
+        if cursor == "0":
+            return pages
+
+
+def prune_effects_flow(settings: Settings, older_than: float) -> Flow[int]:
+    """Remove the prunable effects of each page in one script that judges each again on
+    its row as it is then."""
+    layout = settings.layout
+    removed = 0
+    for effects, committed, cutoff in (yield from _effect_pages(settings, older_than)):
+        old = [e for e in effects if prunable(e, cutoff, e.idempotency_key in committed)]
         if old:
             keys = [layout.effect_rows, *(layout.effect_intent(e.scope, e.intent_id) for e in old)]
-            args = [str(cutoff), *(e.idempotency_key for e in old)]
+            args = [str(round(cutoff * 1e6)), *(e.idempotency_key for e in old)]
             call = _call(layout, "prune_effects", keys, args)
             removed += _int((yield from _one(settings, call, write=True)))
-        if cursor == "0":
-            return removed
+    return removed
+
+
+def pending_effects_flow(settings: Settings, query: EffectQuery) -> Flow[list[Effect]]:
+    """The effects still pending ``query.pending_for`` seconds or more, work not committed."""
+    assert query.pending_for is not None
+    found = [
+        e
+        for effects, committed, cutoff in (yield from _effect_pages(settings, query.pending_for))
+        for e in effects
+        if pending(e, cutoff, e.idempotency_key in committed)
+    ]
+    found.sort(key=lambda e: (e.recorded_at, e.idempotency_key))
+    return found[: query.limit]
 
 
 # -- errors ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any, Final, TypeVar
 
 from .._effects import (
     EFFECT_COLUMNS,
+    PENDING,
     PRUNABLE,
     Effect,
     EffectQuery,
@@ -640,6 +641,8 @@ class SQLiteBackend:
             where, args = _EFFECT_WHERE["key"], [query.idempotency_key]
         elif query.intent_id is not None:
             where, args = _EFFECT_WHERE["intent"], [query.scope, query.intent_id]
+        elif query.pending_for is not None:
+            where, args = PENDING.format(cutoff="?"), [time.time() - query.pending_for]
         else:
             where, args = _EFFECT_WHERE["open"], []
         args.append(query.limit)
