@@ -584,6 +584,12 @@ def _policy_cases() -> list[Bad]:
         Bad("Recompute(attempts=-1)", InvalidInput, apply_with(lambda: Recompute(attempts=-1))),
         Bad("Recompute(attempts=True)", InvalidInput, apply_with(lambda: Recompute(attempts=True))),
         Bad("Recompute(backoff=nan)", InvalidInput, apply_with(lambda: Recompute(backoff=NAN))),
+        Bad("Recompute(backoff=True)", InvalidInput, apply_with(lambda: Recompute(backoff=True))),
+        Bad(
+            "Recompute(max_backoff=False)",
+            InvalidInput,
+            apply_with(lambda: Recompute(max_backoff=False)),
+        ),
         Bad("Reconcile(None)", InvalidInput, apply_with(lambda: Reconcile(None))),  # type: ignore[arg-type]
     ]
 

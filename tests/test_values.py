@@ -419,6 +419,19 @@ def test_records_compare_by_value() -> None:
     assert make_record(version=1) != make_record(version=2)
 
 
+def test_records_intents_and_outcomes_are_hashable() -> None:
+    # A record's state and an intent's guard are read-only mappings; the values still
+    # hash (sets of seen intents, dict keys, functools caches), consistently with ==.
+    a, b = make_record(state={"a": [1, 2]}), make_record(state={"a": [1, 2]})
+    assert hash(a) == hash(b) and len({a, b}) == 1
+    assert len({a, make_record(version=9)}) == 2
+    guarded = Intent.new("orders", "k", 1, "ship", guard={"status": "packed"})
+    same = Intent.from_json(guarded.to_json())
+    assert same == guarded and hash(same) == hash(guarded)
+    assert len({guarded, same, guarded.derive(2, 1)}) == 2
+    assert len({Committed(a), Committed(b), Stale(a)}) == 2
+
+
 # -- outcomes ------------------------------------------------------------------------------
 REC = make_record()
 

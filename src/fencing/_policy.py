@@ -73,7 +73,12 @@ class Recompute:
             raise InvalidInput(f"Recompute attempts must be 1 to 1000, not {self.attempts}")
         for name in ("backoff", "max_backoff"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value < 0
+            ):
                 raise InvalidInput(f"Recompute {name} must be a non-negative number")
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:

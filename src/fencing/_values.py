@@ -105,6 +105,11 @@ class Record:
         _set(self, "state", state if type(state) is MappingProxyType else _frozen(state))
         _set(self, "kind", kind)
 
+    def __hash__(self) -> int:
+        # The state is a read-only mapping (not hashable): hash what names the record's
+        # version. Equal records share these fields, so equal records hash alike.
+        return hash((self.kind, self.collection, self.key, self.version, self.fence))
+
     def intent(self, transition: str, *, guard: Mapping[str, Any] | None = None) -> Intent:
         """An intent to apply ``transition`` to this record as it is now."""
         return Intent.new(
@@ -169,6 +174,10 @@ class Intent:
             raise _fail(str(exc)) from exc
         if guard is not None:
             object.__setattr__(self, "guard", MappingProxyType(guard))
+
+    def __hash__(self) -> int:
+        # The guard is a read-only mapping (not hashable); the id names the intent.
+        return hash((self.id, self.kind, self.collection, self.key, self.expected_version))
 
     @classmethod
     def new(
