@@ -307,6 +307,64 @@ def test_table_bad_columns_refused(make_table: Any) -> None:
     assert table.get(1).version == 1
 
 
+def test_table_columns_limit_what_commits_may_set(store: Any, make_table: Any) -> None:
+    make_table(rows=[{"id": 1, "status": "a", "total": 5, "note": "n"}])
+    narrow = store.table("orders_t", columns=["status"])
+    same = store.table("orders_t", columns=("status",))
+    assert getattr(same, "unwrapped", same) is getattr(narrow, "unwrapped", narrow)
+    intent = narrow.intent(1, "x")
+    with pytest.raises(fencing.SchemaError, match="opened with"):
+        narrow.commit(intent, {"status": "b", "total": 6})
+    assert narrow.get(1).version == 1  # refused before anything was written
+    out = narrow.commit(intent, {"status": "b"})
+    assert out.committed and out.record.state["status"] == "b"
+    assert str(out.record.state["total"]) == "5"  # the whole row comes back
+    wide = store.table("orders_t")  # the same table without the limit
+    assert getattr(wide, "unwrapped", wide) is not getattr(narrow, "unwrapped", narrow)
+    assert wide.commit(wide.intent(1, "y"), {"total": 6}).committed
+    assert str(narrow.get(1).state["total"]) == "6"
+
+
+def test_table_columns_the_table_lacks(store: Any, make_table: Any, backend_name: str) -> None:
+    make_table(rows=[{"id": 1, "status": "a"}])
+    table = store.table("orders_t", columns=["status", "colour"])
+    if not backend_name.startswith("redis"):
+        # a store with a schema: the table must have every column given
+        with pytest.raises(fencing.SchemaError, match="colour"):
+            table.get(1)
+        return
+    # Redis has no schema: columns= declares them, adding to the declaration
+    out = table.commit(table.intent(1, "paint"), {"colour": "red"})
+    assert out.committed and out.record.state["colour"] == "red"
+    assert out.record.state["status"] == "a"
+    again = store.table("orders_t", columns=["note"])
+    assert again.commit(again.intent(1, "n"), {"note": "kept"}).committed
+    assert store.table("orders_t").get(1).state["colour"] == "red"
+
+
+@pytest.mark.parametrize(
+    ("columns", "error"),
+    [
+        ("status", fencing.InvalidInput),
+        (b"status", fencing.InvalidInput),
+        (42, fencing.InvalidInput),
+        ([], fencing.InvalidInput),
+        (["version"], fencing.InvalidInput),
+        (["status", "id"], fencing.InvalidInput),
+        ([1], fencing.InvalidIdentifier),
+        (["bad name"], fencing.InvalidIdentifier),
+        (['x"; DROP TABLE orders_t; --'], fencing.InvalidIdentifier),
+    ],
+)
+def test_table_bad_columns_argument(
+    store: Any, make_table: Any, columns: object, error: type[Exception]
+) -> None:
+    table = make_table(rows=[{"id": 1, "status": "a"}])
+    with pytest.raises(error):
+        store.table("orders_t", columns=columns)
+    assert table.get(1).version == 1 and table.get(1).state["status"] == "a"
+
+
 def test_missing_table_is_schema_error(store: Any) -> None:
     with pytest.raises(fencing.SchemaError):
         store.table("no_such_table").get(1)

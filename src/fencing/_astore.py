@@ -19,6 +19,7 @@ from ._front import (
     LeaseBase,
     StoreOptions,
     TargetOps,
+    check_declared,
     check_lease_args,
     check_wait,
     effect_ref,
@@ -65,7 +66,7 @@ class _AsyncOps(TargetOps):
 
     async def _ready(self) -> None:
         if self.target.kind == "table" and self._columns is None:
-            self._set_columns(await self._backend.columns(self.target))
+            self._set_columns(await self._backend.columns(self.target, self._declared))
 
     async def get(self, key: str | int) -> Record | None:
         """The record as it is now, or None."""
@@ -321,22 +322,35 @@ class AsyncStore:
         front: AsyncCollection = self._front(AsyncCollection, target)
         return front
 
-    def table(self, name: str, *, key: str = "id", version: str | None = "version") -> AsyncTable:
-        """Guard a table you own: commits write only the given columns, conditionally."""
+    def table(
+        self,
+        name: str,
+        *,
+        key: str = "id",
+        version: str | None = "version",
+        columns: Iterable[str] | None = None,
+    ) -> AsyncTable:
+        """Guard a table you own: commits write only the given columns, conditionally.
+
+        ``columns``, when given, are the only columns this table's commits may set;
+        they are checked against the table on first use (Redis, which has no schema,
+        adds them to the table's declaration instead).
+        """
         target = Target(
             "table",
             check_column(name, "table"),
             check_column(key, "key column"),
             None if version is None else check_column(version, "version column"),
         )
-        front: AsyncTable = self._front(AsyncTable, target)
+        front: AsyncTable = self._front(AsyncTable, target, check_declared(target, columns))
         return front
 
-    def _front(self, cls: type[Any], target: Target) -> Any:
+    def _front(self, cls: type[Any], target: Target, declared: frozenset[str] | None = None) -> Any:
         with self._lock:
-            front = self._fronts.get((cls, target))
+            front = self._fronts.get((cls, target, declared))
             if front is None:
-                front = self._fronts[(cls, target)] = cls(self, self.options, target)
+                front = cls(self, self.options, target, declared)
+                self._fronts[(cls, target, declared)] = front
             return front
 
     async def acquire(

@@ -63,13 +63,38 @@ class StoreOptions:
     retention: float  # seconds applied intent ids are kept for Duplicate detection
 
 
+def check_declared(target: Target, columns: object) -> frozenset[str] | None:
+    """The ``columns=`` of ``store.table()``: column names, none of them managed."""
+    if columns is None:
+        return None
+    if isinstance(columns, str | bytes) or not isinstance(columns, Iterable):
+        raise InvalidInput(f"columns must be a list of column names, not {type(columns).__name__}")
+    names = frozenset(check_column(c) for c in columns)
+    if not names:
+        raise InvalidInput("columns must name at least one column")
+    for col in (target.key_column, target.version_column):
+        if col in names:
+            raise InvalidInput(
+                f"column {col!r} is managed by fencing (the key or version column):"
+                " leave it out of columns"
+            )
+    return names
+
+
 class TargetOps:
     """Pure checks and answers for one collection or table."""
 
-    __slots__ = ("_columns", "_options", "_store", "_writable", "name", "target")
+    __slots__ = ("_columns", "_declared", "_options", "_store", "_writable", "name", "target")
 
-    def __init__(self, store: object, options: StoreOptions, target: Target) -> None:
+    def __init__(
+        self,
+        store: object,
+        options: StoreOptions,
+        target: Target,
+        declared: frozenset[str] | None = None,
+    ) -> None:
         self._store = store
+        self._declared = declared  # the columns given to store.table(columns=...)
         self._options = options
         self.target = target
         self.name = target.name
@@ -94,6 +119,12 @@ class TargetOps:
         for col in (target.key_column, target.version_column):
             if col is not None and col not in columns:
                 raise SchemaError(f"table {target.name!r} has no column {col!r}")
+        declared = self._declared
+        if declared is not None:
+            missing = declared - columns
+            if missing:
+                raise SchemaError(f"table {target.name!r} has no column(s) {sorted(missing)}")
+            columns = declared | {c for c in (target.key_column, target.version_column) if c}
         self._columns = columns
         return columns
 
@@ -154,6 +185,11 @@ class TargetOps:
         if column in (target.key_column, target.version_column):
             raise InvalidState(f"column {column!r} is managed by fencing and cannot be set")
         if column not in self._columns:
+            if self._declared is not None:
+                raise SchemaError(
+                    f"column {column!r} is not among the columns table {self.name!r} was"
+                    f" opened with ({', '.join(sorted(self._declared))})"
+                )
             raise SchemaError(f"table {self.name!r} has no column {column!r}")
         self._writable = self._writable | {column}
         return column

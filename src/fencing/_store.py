@@ -18,6 +18,7 @@ from ._front import (
     LeaseBase,
     StoreOptions,
     TargetOps,
+    check_declared,
     check_lease_args,
     check_wait,
     effect_ref,
@@ -64,7 +65,7 @@ class _Ops(TargetOps):
 
     def _ready(self) -> None:
         if self.target.kind == "table" and self._columns is None:
-            self._set_columns(self._backend.columns(self.target))
+            self._set_columns(self._backend.columns(self.target, self._declared))
 
     def get(self, key: str | int) -> Record | None:
         """The record as it is now, or None."""
@@ -320,22 +321,35 @@ class Store:
         front: Collection = self._front(Collection, target)
         return front
 
-    def table(self, name: str, *, key: str = "id", version: str | None = "version") -> Table:
-        """Guard a table you own: commits write only the given columns, conditionally."""
+    def table(
+        self,
+        name: str,
+        *,
+        key: str = "id",
+        version: str | None = "version",
+        columns: Iterable[str] | None = None,
+    ) -> Table:
+        """Guard a table you own: commits write only the given columns, conditionally.
+
+        ``columns``, when given, are the only columns this table's commits may set;
+        they are checked against the table on first use (Redis, which has no schema,
+        adds them to the table's declaration instead).
+        """
         target = Target(
             "table",
             check_column(name, "table"),
             check_column(key, "key column"),
             None if version is None else check_column(version, "version column"),
         )
-        front: Table = self._front(Table, target)
+        front: Table = self._front(Table, target, check_declared(target, columns))
         return front
 
-    def _front(self, cls: type[Any], target: Target) -> Any:
+    def _front(self, cls: type[Any], target: Target, declared: frozenset[str] | None = None) -> Any:
         with self._lock:
-            front = self._fronts.get((cls, target))
+            front = self._fronts.get((cls, target, declared))
             if front is None:
-                front = self._fronts[(cls, target)] = cls(self, self.options, target)
+                front = cls(self, self.options, target, declared)
+                self._fronts[(cls, target, declared)] = front
             return front
 
     def acquire(

@@ -79,7 +79,7 @@ class MemoryBackend:
                 raise SchemaError(f"table {target.name!r} has no column {col!r}")
         return table
 
-    def columns(self, target: Target) -> frozenset[str]:
+    def columns(self, target: Target, declare: frozenset[str] | None = None) -> frozenset[str]:
         with self._lock:
             return self._table(target).columns
 

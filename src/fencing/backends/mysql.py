@@ -1246,7 +1246,7 @@ class MySQLBackend:
     def close(self) -> None:
         self._pool.close()
 
-    def columns(self, target: Target) -> frozenset[str]:
+    def columns(self, target: Target, declare: frozenset[str] | None = None) -> frozenset[str]:
         return self._run(lambda: columns_flow(target))
 
     def read(self, target: Target, key: str | int) -> Record | None:
@@ -1428,7 +1428,9 @@ class AsyncMySQLBackend:
         self._pool.close()
         await self._pool.wait_closed()
 
-    async def columns(self, target: Target) -> frozenset[str]:
+    async def columns(
+        self, target: Target, declare: frozenset[str] | None = None
+    ) -> frozenset[str]:
         return await self._run(lambda: columns_flow(target))
 
     async def read(self, target: Target, key: str | int) -> Record | None:

@@ -1022,7 +1022,7 @@ class PostgresBackend(PostgresEffects, _Base):
             if self._pool is not None:
                 self._pool.close()
 
-    def columns(self, target: Target) -> frozenset[str]:
+    def columns(self, target: Target, declare: frozenset[str] | None = None) -> frozenset[str]:
         return self._drive(columns_flow(target))
 
     def read(self, target: Target, key: str | int) -> Record | None:
@@ -1119,7 +1119,9 @@ class AsyncPostgresBackend(AsyncPostgresEffects, _Base):
     async def close(self) -> None:
         await self.pool.close()
 
-    async def columns(self, target: Target) -> frozenset[str]:
+    async def columns(
+        self, target: Target, declare: frozenset[str] | None = None
+    ) -> frozenset[str]:
         return await self._drive(columns_flow(target))
 
     async def read(self, target: Target, key: str | int) -> Record | None:

@@ -95,8 +95,9 @@ reconciled, however late. ``wait_replicas`` applies to the effect writes too.
 
 Guarded tables: a row is the hash ``<table_prefix><table>:<key>`` (an integer key is
 written in decimal, so the keys ``42`` and ``"42"`` name the same row). Redis has no
-schema, so a table is *declared*: ``backend.declare_table(name, key=..., version=...,
-columns=[...])`` (``store.backend`` of an open store) writes the set ``P:table:<table>``;
+schema, so a table is *declared*: ``store.table(name, key=..., version=...,
+columns=[...])`` adds the columns to the set ``P:table:<table>`` on first use
+(``backend.declare_table`` replaces the declaration, to take a column away);
 a table that was never declared is a ``SchemaError``, and a commit may only set declared
 columns. A hash holds text: a commit writes ``str`` as is, ``int`` in decimal, ``float``
 as ``repr()``, ``True``/``False`` as ``true``/``false``, and ``None`` removes the field;
@@ -840,7 +841,7 @@ def columns_flow(layout: Layout, target: Target) -> Flow[frozenset[str]]:
         raise SchemaError(
             f"table {target.name!r} is not declared in this Redis store"
             f" ({layout.table(target.name)!r} is empty); declare it with"
-            " store.backend.declare_table(name, key=..., version=..., columns=[...])"
+            " store.table(name, key=..., version=..., columns=[...])"
         )
     return frozenset(_text(m) for m in members)
 
@@ -851,14 +852,17 @@ def declare_flow(
     key: str,
     version: str | None,
     columns: Iterable[str],
-) -> Flow[None]:
+    mode: str = "replace",
+) -> Flow[frozenset[str]]:
     check_column(name, "table")
     names = [check_column(key, "key column")]
     if version is not None:
         names.append(check_column(version, "version column"))
     names += [check_column(c) for c in columns]
     layout = settings.layout
-    yield from _one(settings, _call(layout, "declare", [layout.table(name)], names), write=True)
+    call = _call(layout, "declare", [layout.table(name)], [mode, *names])
+    members = yield from _one(settings, call, write=True)
+    return frozenset(_text(m) for m in _list(members, None))
 
 
 def read_flow(settings: Settings, target: Target, key: str | int) -> Flow[Record | None]:
@@ -1220,11 +1224,19 @@ class RedisBackend:
     def declare_table(
         self, name: str, *, key: str = "id", version: str | None = "version", columns: Iterable[str]
     ) -> None:
-        """Declare a guarded table and its columns (Redis has no schema to read them from)."""
+        """Declare a guarded table and its columns, replacing an earlier declaration.
+
+        ``store.table(name, columns=[...])`` declares too, adding to what is declared.
+        """
         self._drive(declare_flow(self.settings, name, key, version, columns))
 
-    def columns(self, target: Target) -> frozenset[str]:
-        return self._drive(columns_flow(self.layout, target))
+    def columns(self, target: Target, declare: frozenset[str] | None = None) -> frozenset[str]:
+        if declare is None:
+            return self._drive(columns_flow(self.layout, target))
+        flow = declare_flow(
+            self.settings, target.name, target.key_column, target.version_column, declare, "add"
+        )
+        return self._drive(flow)
 
     def read(self, target: Target, key: str | int) -> Record | None:
         return self._drive(read_flow(self.settings, target, key))
@@ -1364,11 +1376,21 @@ class AsyncRedisBackend:
     async def declare_table(
         self, name: str, *, key: str = "id", version: str | None = "version", columns: Iterable[str]
     ) -> None:
-        """Declare a guarded table and its columns (Redis has no schema to read them from)."""
+        """Declare a guarded table and its columns, replacing an earlier declaration.
+
+        ``store.table(name, columns=[...])`` declares too, adding to what is declared.
+        """
         await self._drive(declare_flow(self.settings, name, key, version, columns))
 
-    async def columns(self, target: Target) -> frozenset[str]:
-        return await self._drive(columns_flow(self.layout, target))
+    async def columns(
+        self, target: Target, declare: frozenset[str] | None = None
+    ) -> frozenset[str]:
+        if declare is None:
+            return await self._drive(columns_flow(self.layout, target))
+        flow = declare_flow(
+            self.settings, target.name, target.key_column, target.version_column, declare, "add"
+        )
+        return await self._drive(flow)
 
     async def read(self, target: Target, key: str | int) -> Record | None:
         return await self._drive(read_flow(self.settings, target, key))

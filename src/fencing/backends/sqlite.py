@@ -307,7 +307,7 @@ class SQLiteBackend:
                 self._conn.close()
                 self._conn = None
 
-    def columns(self, target: Target) -> frozenset[str]:
+    def columns(self, target: Target, declare: frozenset[str] | None = None) -> frozenset[str]:
         with self._lock:
             try:
                 rows = self.conn.execute(f"PRAGMA table_info({quote(target.name)})").fetchall()
