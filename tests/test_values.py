@@ -6,6 +6,8 @@ import dataclasses
 import json
 import math
 import random
+import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -226,6 +228,16 @@ def test_intent_new_gives_unique_ids_and_a_decision_time() -> None:
     assert len(ids) == 200
     intent = Intent.new("orders", "o-1", 1, "ship")
     assert intent.decided_at > 0 and intent.root_id == intent.id
+
+
+def test_intent_ids_sort_by_the_time_they_were_made() -> None:
+    # the applied-intent index of every store then grows at its right edge
+    first = Intent.new("orders", "o-1", 1, "ship")
+    time.sleep(0.002)
+    later = [Intent.new("orders", "o-1", 1, "ship").id for _ in range(50)]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in [first.id, *later])
+    assert all(first.id < i for i in later)
+    assert abs(int(first.id[:12], 16) / 1000 - first.decided_at) < 1.0
 
 
 # -- JSON: unknown, missing, format version, truncated, constants, oversize ----------------------

@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 import json
 import math
+import os
 import re
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -127,6 +127,16 @@ class Record:
         }
 
 
+def new_intent_id() -> str:
+    """A fresh intent id: 32 hex digits, the first 12 the time in milliseconds.
+
+    Ids made later sort later (as UUIDv7's do), so the applied-intent index every store
+    keeps grows at its right edge instead of dirtying a random page per commit; the
+    80 random bits that follow keep ids made in the same millisecond apart.
+    """
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
+
+
 def _fail(problem: str) -> InvalidIntent:
     return InvalidIntent(f"invalid intent: {problem}")
 
@@ -192,7 +202,7 @@ class Intent:
     ) -> Intent:
         """A fresh intent with a new unique id."""
         return cls(
-            id=uuid.uuid4().hex,
+            id=new_intent_id(),
             collection=collection,
             key=key,
             expected_version=expected_version,

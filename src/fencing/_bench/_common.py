@@ -8,13 +8,12 @@ on every store. Each store module supplies its hand-written baselines (a
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 import fencing
 
-from .._values import Intent, Kind, Outcome, Record
+from .._values import Intent, Kind, Outcome, Record, new_intent_id
 from ._harness import BenchFailed, Block, Contest, Side, Skip
 
 __all__ = [
@@ -68,8 +67,8 @@ class Cursor(Generic[K]):
 
 
 def new_id() -> str:
-    """A fresh intent id, as ``Intent.new`` makes them."""
-    return uuid.uuid4().hex
+    """A fresh intent id, as ``Intent.new`` makes them (both sides insert alike)."""
+    return new_intent_id()
 
 
 def check_committed(outcome: Outcome) -> None:

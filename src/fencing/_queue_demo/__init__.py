@@ -10,10 +10,16 @@ tasks run in N real worker processes of the queue, started here against the demo
 store and broker: the fencing run's through the ``fencing.contrib`` integration, the
 naive run's through a plain task of the same queue.
 
-Crash after commit is real where the queue redelivers the message of a worker killed
-before its acknowledgement (Celery, RQ): the first delivery SIGKILLs its own worker
-process right after its commit. Dramatiq and arq give such a message back only
-after a worker restart or a timeout of seconds, so their runs leave crashes out.
+Crash after commit is real on every queue: the first delivery of a crashing task
+SIGKILLs its own worker process right after its commit, before the queue's
+acknowledgement, and the queue runs the message again. Celery's prefork pool and
+RQ's work horse are children of the worker command, which survives and redelivers
+(``reject_on_worker_lost``, ``Retry``). On Dramatiq and arq the process killed is a
+whole worker: the demo starts a new one in its place (``_Workers.check``), and the
+queue gives the message back by itself: RabbitMQ when the dead worker's connection
+closes, Dramatiq's Redis broker once the dead worker's heartbeat is older than its
+``heartbeat_timeout``, arq once the job's in-progress key expired (each queue's
+module sets these to seconds).
 
 Isolation: the run id names every queue, broker key prefix and worker; only those are
 deleted afterwards (never a whole database), and every worker process started here
@@ -110,16 +116,17 @@ def _module(queue: str) -> ModuleType:
 
 
 def _crashes(queue: str) -> bool:
-    return queue in ("celery", "rq")
+    """Does the queue run again the message of a worker killed before its ack (``CRASH``)?"""
+    return bool(_module(queue).CRASH)
 
 
 def intro(config: DemoConfig, specs: list[TaskSpec]) -> str:
     paused = sum(1 for s in specs if s.pause > 0)
     crashes = (
-        "crashes between commit and ack (the worker process is SIGKILLed, the queue redelivers)"
+        "crashes between commit and ack (the worker process is SIGKILLed;"
+        f" {_module(config.queue).REDELIVERY})"
         if config.queue is not None and _crashes(config.queue)
-        else f"no crashes ({config.queue} redelivers a killed worker's message only after"
-        " a restart or a timeout)"
+        else f"no crashes ({config.queue} does not run a killed worker's message again)"
     )
     return (
         f"Racing {len(specs)} tasks through {config.queue} on {config.workers} worker"
@@ -160,35 +167,59 @@ def run_processes(run_id: str) -> list[int]:
 
 
 class _Workers:
-    """The queue's worker commands, each in its own session, logging to the control dir."""
+    """The queue's worker commands, each in its own session, logging to the control dir.
 
-    def __init__(self, run_id: str, commands: list[list[str]], env: dict[str, str], logs: Path):
+    A worker process killed by SIGKILL is replaced by a new one running the same
+    command, at most ``restarts`` times in all: on Dramatiq and arq the demo's crash
+    after commit kills a whole worker process (a supervisor would restart it), where
+    Celery's and RQ's worker commands replace their own killed child. Any other exit
+    of a worker process ends the demo with its log.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        commands: list[list[str]],
+        env: dict[str, str],
+        logs: Path,
+        restarts: int = 0,
+    ):
         self.run_id = run_id
         self.commands = commands
         self.env = env
         self.logs = logs
+        self.restarts = restarts
+        self.restarted = 0
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> None:
-        for n, argv in enumerate(self.commands):
-            with open(self.logs / f"worker-{n + 1}.log", "ab") as out:
-                self.procs.append(
-                    subprocess.Popen(
-                        argv,
-                        env=self.env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
+        for n in range(len(self.commands)):
+            self.procs.append(self._spawn(n))
+
+    def _spawn(self, n: int) -> subprocess.Popen[bytes]:
+        with open(self.logs / f"worker-{n + 1}.log", "ab") as out:
+            return subprocess.Popen(
+                self.commands[n],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def check(self) -> None:
         for n, proc in enumerate(self.procs):
-            if proc.poll() is not None:
-                raise ConfigurationError(
-                    f"a worker process exited (status {proc.returncode}):\n{self.tail(n)}"
-                )
+            if proc.poll() is None:
+                continue
+            if proc.returncode == -signal.SIGKILL and self.restarted < self.restarts:
+                self.restarted += 1
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # anything it started goes too
+                self.procs[n] = self._spawn(n)
+                continue
+            raise ConfigurationError(
+                f"a worker process exited (status {proc.returncode}):\n{self.tail(n)}"
+            )
 
     def tail(self, n: int, lines: int = 15) -> str:
         path = self.logs / f"worker-{n + 1}.log"
@@ -425,7 +456,9 @@ def run_queue_demo(
             )
             env.update(settings.env(), PYTHONUNBUFFERED="1")
             env.update(getattr(sender, "env", dict)())
-            workers = _Workers(run_id, sender.commands(config.workers), env, control)
+            # one SIGKILLed process per crashing task and run, at most (the first delivery)
+            restarts = 2 * sum(s.crash for s in specs) if settings.crash else 0
+            workers = _Workers(run_id, sender.commands(config.workers), env, control, restarts)
             workers.start()
             _wait_ready(sender, workers, control)
             progress = _Progress(control / "progress.jsonl")

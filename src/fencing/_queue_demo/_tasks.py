@@ -19,8 +19,9 @@ processes never interleave): the demo follows that file, then merges the histori
 
 The first delivery of a task (claimed with an ``O_EXCL`` file, whichever delivery
 gets there first) is the one that pauses past its lease, and the one that crashes:
-on a queue that redelivers a message whose worker died (Celery, RQ), it SIGKILLs its
-own process after its commit, before the queue's acknowledgement.
+it SIGKILLs its own process after its commit, before the queue's acknowledgement,
+and the queue runs the message again (on every queue of the demo, see ``CRASH`` in
+each queue's module).
 """
 
 from __future__ import annotations

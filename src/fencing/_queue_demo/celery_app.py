@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 NAME: Final = "celery"
 #: A message whose worker dies after the commit comes back: the crash is real here.
 CRASH: Final = True
+#: How the message comes back, for the demo's summary.
+REDELIVERY: Final = "Celery requeues its unacknowledged message (reject_on_worker_lost)"
 BROKERS: Final = ("redis", "rediss", "amqp", "pyamqp")
 
 

@@ -1,8 +1,31 @@
-"""The queue demo on Dramatiq: ``dramatiq fencing._queue_demo.dramatiq_actors:broker``.
+"""The queue demo on Dramatiq: N worker processes, each a ``dramatiq.Worker`` (:func:`main`).
 
-No crash here: Dramatiq's main process stops every worker when one of them dies, and
-the Redis broker gives a dead worker's messages back only after its heartbeat
-timeout; the demo's crash-after-commit is left out on this queue.
+The crash after commit is real here. Dramatiq acknowledges a message after its actor
+returns; a worker process SIGKILLed after its commit leaves the message
+unacknowledged, and the broker gives it back:
+
+- RabbitMQ requeues a consumer's unacknowledged messages as soon as its channel
+  closes, which the killed process's connection does at once.
+- The Redis broker keeps a fetched message's id in the fetching process's
+  ``__acks__`` set, and every command of every process (``dispatch.lua``) records
+  that process's heartbeat; when a command runs maintenance, it puts back on the
+  queue the unacknowledged messages of each process whose heartbeat is older than
+  ``heartbeat_timeout``. Dramatiq's defaults (60 s, maintenance on 0.1% of the
+  commands) would bring the message back after a minute or more; the demo's broker
+  (:func:`make_broker`, the same in the demo and in its workers) takes
+  ``HEARTBEAT_TIMEOUT`` and runs maintenance on every command. A live worker
+  process polls Redis at least once a second whatever it works on (its delay-queue
+  consumer, every ``worker_timeout`` at most), so its heartbeat stays fresh; a killed
+  one's message is back about 3 s after it died.
+
+The processes are not the ``dramatiq`` command: its main process stops all its worker
+processes, and exits, as soon as one dies ("Worker with PID ... exited unexpectedly
+... Shutting down"), so a crash would take every worker down. One command per worker
+(``--processes 1``) would survive that, but through two processes whose exit status
+(1 for a killed child, as for other failures) says less than the demo needs. Each
+process here runs what the command's worker process runs (``process_boot``, a
+``dramatiq.Worker`` on the run's queue, one thread), is the process the crash
+kills, and the demo starts a new one in its place (``_Workers.check``).
 """
 
 from __future__ import annotations
@@ -18,8 +41,18 @@ if TYPE_CHECKING:
     import dramatiq as _dramatiq
 
 NAME: Final = "dramatiq"
-CRASH: Final = False
+#: The message of a worker process killed before its ack comes back: the crash is real.
+CRASH: Final = True
 BROKERS: Final = ("redis", "rediss", "amqp")
+#: Redis broker: a process whose heartbeat is this old (ms) is dead; its messages go back.
+HEARTBEAT_TIMEOUT: Final = 3000
+#: Redis broker: maintenance (requeueing dead processes' messages) on every command.
+MAINTENANCE_CHANCE: Final = 1_000_000
+#: How the message comes back, for the demo's summary.
+REDELIVERY: Final = (
+    "the broker redelivers its unacknowledged message: RabbitMQ at once, Redis once the"
+    f" process's heartbeat is {HEARTBEAT_TIMEOUT / 1000:g}s old"
+)
 
 
 def make_broker(settings: Settings) -> _dramatiq.Broker:
@@ -29,7 +62,12 @@ def make_broker(settings: Settings) -> _dramatiq.Broker:
     if settings.broker.startswith("redis"):
         from dramatiq.brokers.redis import RedisBroker
 
-        broker = RedisBroker(url=settings.broker, namespace=settings.prefix)  # type: ignore[no-untyped-call]
+        broker = RedisBroker(  # type: ignore[no-untyped-call]
+            url=settings.broker,
+            namespace=settings.prefix,
+            heartbeat_timeout=HEARTBEAT_TIMEOUT,
+            maintenance_chance=MAINTENANCE_CHANCE,
+        )
     else:
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
@@ -107,9 +145,8 @@ class Sender:
         self.fenced, self.naive = build(self.broker, settings)
 
     def commands(self, workers: int) -> list[list[str]]:
-        argv = [sys.executable, "-m", "dramatiq", f"{__name__}:broker"]
-        argv += ["--processes", str(workers), "--threads", "1", "--queues", self.settings.queue]
-        return [argv]
+        argv = [sys.executable, "-c", f"from {__name__} import main; main()"]
+        return [list(argv) for _ in range(workers)]
 
     def env(self) -> dict[str, str]:
         return {"dramatiq_queue_prefetch": "1"}
@@ -142,6 +179,37 @@ class Sender:
                 channel.queue_delete(queue=name)
         finally:
             connection.close()
+
+
+def main() -> None:
+    """One worker process, as the ``dramatiq`` command's worker process runs, until SIGTERM.
+
+    One worker thread on the run's queue (and its delay queue); the demo starts N of these.
+    """
+    import logging
+    import signal
+    import threading
+
+    import dramatiq
+
+    logging.basicConfig(
+        level=logging.WARNING, format="[%(asctime)s] [PID %(process)d] %(name)s: %(message)s"
+    )
+    # every run returns its verdict or report, which no result backend keeps: not news
+    logging.getLogger("dramatiq.worker.WorkerThread").addFilter(
+        lambda record: "Results middleware" not in record.getMessage()
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    broker.emit_after("process_boot")
+    worker = dramatiq.Worker(broker, queues={_tasks.settings().queue}, worker_threads=1)
+    worker.start()
+    while not stop.wait(1.0):
+        pass
+    worker.stop()
+    broker.close()
+    _tasks.close()
 
 
 if _tasks.in_worker():

@@ -19,6 +19,8 @@ from ._tasks import Settings
 
 NAME: Final = "rq"
 CRASH: Final = True
+#: How the message comes back, for the demo's summary.
+REDELIVERY: Final = "RQ runs its job again (Retry)"
 BROKERS: Final = ("redis", "rediss")
 CRASH_RETRIES: Final = 3
 
