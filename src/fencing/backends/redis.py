@@ -846,6 +846,19 @@ def columns_flow(layout: Layout, target: Target) -> Flow[frozenset[str]]:
     return frozenset(_text(m) for m in members)
 
 
+def table_columns_flow(
+    settings: Settings, target: Target, declare: frozenset[str] | None
+) -> Flow[frozenset[str]]:
+    """A table's declared columns; with ``declare``, add those to the declaration first."""
+    if declare is None:
+        return (yield from columns_flow(settings.layout, target))
+    return (
+        yield from declare_flow(
+            settings, target.name, target.key_column, target.version_column, declare, "add"
+        )
+    )
+
+
 def declare_flow(
     settings: Settings,
     name: str,
@@ -1231,12 +1244,7 @@ class RedisBackend:
         self._drive(declare_flow(self.settings, name, key, version, columns))
 
     def columns(self, target: Target, declare: frozenset[str] | None = None) -> frozenset[str]:
-        if declare is None:
-            return self._drive(columns_flow(self.layout, target))
-        flow = declare_flow(
-            self.settings, target.name, target.key_column, target.version_column, declare, "add"
-        )
-        return self._drive(flow)
+        return self._drive(table_columns_flow(self.settings, target, declare))
 
     def read(self, target: Target, key: str | int) -> Record | None:
         return self._drive(read_flow(self.settings, target, key))
@@ -1385,12 +1393,7 @@ class AsyncRedisBackend:
     async def columns(
         self, target: Target, declare: frozenset[str] | None = None
     ) -> frozenset[str]:
-        if declare is None:
-            return await self._drive(columns_flow(self.layout, target))
-        flow = declare_flow(
-            self.settings, target.name, target.key_column, target.version_column, declare, "add"
-        )
-        return await self._drive(flow)
+        return await self._drive(table_columns_flow(self.settings, target, declare))
 
     async def read(self, target: Target, key: str | int) -> Record | None:
         return await self._drive(read_flow(self.settings, target, key))
