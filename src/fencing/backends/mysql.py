@@ -292,22 +292,32 @@ _JUDGE_META: Final = (
 )
 _READ_LEASE: Final = "SELECT owner, token, expires_at FROM fencing_leases WHERE name = %s"
 # A record created again after a delete continues the deleted one's versions, so an
-# intent decided against the deleted record can never match the new one.
+# intent decided against the deleted record can never match the new one. The key's
+# tombstone row is its lock: create and delete both take it first (an upsert takes an
+# exclusive lock whether it inserts the row or finds it), so a create that overlaps a
+# delete waits for it, and reads the tombstone the delete left.
+_KEY_LOCK: Final = (
+    "INSERT INTO fencing_tombstones (collection, `key`, version) VALUES (%s, %s, 0)"
+    " ON DUPLICATE KEY UPDATE version = version"
+)
+# Under the key's lock no other create or delete of it runs: the plain reads are current.
 _CREATE: Final = (
     "INSERT INTO fencing_records (collection, `key`, version, fence, state, updated_at)"
-    " SELECT %s, %s, LAST_INSERT_ID(COALESCE((SELECT t.version FROM fencing_tombstones t"
-    " WHERE t.collection = %s AND t.`key` = %s), 0) + 1), 0, %s, " + _NOW
+    " SELECT t.collection, t.`key`, t.version + 1, 0, %s, " + _NOW + " FROM fencing_tombstones t"
+    " WHERE t.collection = %s AND t.`key` = %s AND NOT EXISTS (SELECT 1 FROM fencing_records r"
+    " WHERE r.collection = t.collection AND r.`key` = t.`key`)"
 )
-_CREATED_VERSION: Final = "SELECT LAST_INSERT_ID()"
+_CREATED: Final = (
+    "SELECT ROW_COUNT(), (SELECT version FROM fencing_records WHERE collection = %s AND `key` = %s)"
+)
 _DELETE_LOCK: Final = (
     "SELECT version INTO @f_gone FROM fencing_records"
     " WHERE collection = %s AND `key` = %s FOR UPDATE"
 )
 _DELETE: Final = "DELETE FROM fencing_records WHERE collection = %s AND `key` = %s"
 _TOMBSTONE: Final = (
-    "INSERT INTO fencing_tombstones (collection, `key`, version)"
-    " SELECT %s, %s, @f_gone FROM DUAL WHERE @f_gone IS NOT NULL"
-    " ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version))"
+    "UPDATE fencing_tombstones SET version = GREATEST(version, @f_gone)"
+    " WHERE collection = %s AND `key` = %s AND @f_gone IS NOT NULL"
 )
 _COLUMNS: Final = (
     "SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS"
@@ -920,16 +930,25 @@ def columns_flow(target: Target) -> Flow[frozenset[str]]:
 
 
 def create_flow(target: Target, key: str | int, state_json: str) -> Flow[Record]:
-    script = _Script()
-    script.add(_CREATE, target.name, key, target.name, key, state_json)
-    read = script.add(_CREATED_VERSION)
+    """Lock the key (its tombstone row), insert after the tombstone's version unless the
+    record exists, read what happened: one transaction, one round trip."""
+    script = _Script("START TRANSACTION")
+    script.add(_KEY_LOCK, target.name, key)
+    script.add(_CREATE, state_json, target.name, key)
+    read = script.add(_CREATED, target.name, key)
+    script.add("COMMIT")
     results = yield script.batch(duplicate=f"{target.name}/{key} already exists")
-    version = int(results[read].rows[0][0])
-    return Record(target.name, key, version, 0, json.loads(state_json))
+    made, version = results[read].rows[0]
+    if not made:
+        raise AlreadyExists(f"{target.name}/{key} already exists")
+    return Record(target.name, key, int(version), 0, json.loads(state_json))
 
 
 def delete_flow(target: Target, key: str | int) -> Flow[bool]:
+    """Lock the key (its tombstone row), then the record; delete it and raise the
+    tombstone to its version: one transaction, one round trip."""
     script = _Script("START TRANSACTION", "SET @f_gone = NULL")
+    script.add(_KEY_LOCK, target.name, key)
     script.add(_DELETE_LOCK, target.name, key)
     deleted = script.add(_DELETE, target.name, key)
     script.add(_TOMBSTONE, target.name, key)

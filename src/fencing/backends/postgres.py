@@ -221,19 +221,26 @@ _COLLECTION_READ: Final = (
     " LEFT JOIN fencing_records r ON r.collection = %(name)s AND r.key = %(key)s"
 )
 # A record created again after a delete continues the deleted one's versions, so an
-# intent decided against the deleted record can never match the new one.
+# intent decided against the deleted record can never match the new one. The key's
+# tombstone row is its lock: create and delete both take it first (an upsert locks the
+# row whether it inserts it or finds it, and answers with its newest version), so a
+# create that overlaps a delete waits for it and continues after its last version.
+_KEY_LOCK: Final = (
+    "INSERT INTO fencing_tombstones AS t (collection, key, version)"
+    " VALUES (%(name)s, %(key)s, 0) ON CONFLICT (collection, key)"
+    " DO UPDATE SET version = t.version RETURNING t.version"
+)
 _CREATE: Final = (
-    "INSERT INTO fencing_records (collection, key, version, fence, state, updated_at)"
-    " VALUES (%(name)s, %(key)s, coalesce((SELECT t.version FROM fencing_tombstones t"
-    " WHERE t.collection = %(name)s AND t.key = %(key)s), 0) + 1, 0, %(state)s::jsonb,"
-    f" {_NOW}) ON CONFLICT DO NOTHING RETURNING version"
+    f"WITH fencing_key AS ({_KEY_LOCK})"
+    " INSERT INTO fencing_records (collection, key, version, fence, state, updated_at)"
+    " SELECT %(name)s, %(key)s, k.version + 1, 0, %(state)s::jsonb,"
+    f" {_NOW} FROM fencing_key k ON CONFLICT DO NOTHING RETURNING version"
 )
 _DELETE: Final = (
     "WITH gone AS (DELETE FROM fencing_records WHERE collection = %(name)s AND key = %(key)s"
-    " RETURNING collection, key, version)"
-    " INSERT INTO fencing_tombstones AS t (collection, key, version)"
-    " SELECT collection, key, version FROM gone ON CONFLICT (collection, key)"
-    " DO UPDATE SET version = greatest(t.version, excluded.version)"
+    " RETURNING version)"
+    " UPDATE fencing_tombstones AS t SET version = greatest(t.version, gone.version)"
+    " FROM gone WHERE t.collection = %(name)s AND t.key = %(key)s"
 )
 _PRUNE: Final = f"DELETE FROM fencing_applied WHERE applied_at < {_NOW} - %(age)s::float8"
 
@@ -690,8 +697,11 @@ def create_flow(target: Target, key: str | int, state_json: str) -> Flow[Record]
 
 
 def delete_flow(target: Target, key: str | int) -> Flow[bool]:
-    done: Answer = yield Query(_DELETE, {"name": target.name, "key": key})
-    return done.rowcount > 0
+    """Lock the key's tombstone, then delete and raise the tombstone to the deleted
+    version: two statements, one transaction, one round trip."""
+    params = {"name": target.name, "key": key}
+    done: list[Answer] = yield Pipeline((Query(_KEY_LOCK, params), Query(_DELETE, params)))
+    return done[1].rowcount > 0
 
 
 def commit_flow(request: CommitRequest) -> Flow[CommitResult]:

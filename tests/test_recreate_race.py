@@ -1,0 +1,150 @@
+"""A create that overlaps a delete of the same key continues the deleted record's versions.
+
+Found by an outside linearizability check on PostgreSQL and MariaDB: the re-created record
+took its version from the tombstone as it was *before* the overlapping delete (PostgreSQL:
+the INSERT's snapshot; MariaDB: a non-locking read), so an intent decided against the
+deleted record committed against the new one. Here the overlap is made deterministic: a
+setup connection holds the key's tombstone row locked while ``delete`` and then ``create``
+start, and lets go a moment later. Whatever order the two then take, no version of the key
+may repeat, and the old intent must stay refused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fencing
+
+from ._backends import CASES
+from ._syncify import Loop, Syncified
+
+SERVERS = ["postgresql", "mysql"]
+
+
+@pytest.fixture(params=SERVERS)
+def server_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    case = CASES.get(request.param)
+    if case is None:
+        pytest.skip(f"the {request.param} test case is not registered (driver not installed)")
+    url = case.url(tmp_path)
+    yield request.param, url
+    if case.cleanup is not None:
+        case.cleanup(url)
+
+
+@contextmanager
+def opened(url: str, api: str) -> Iterator[Any]:
+    if api == "sync":
+        store = fencing.open(url)
+        try:
+            yield store
+        finally:
+            store.close()
+        return
+    loop = Loop()
+    try:
+        store = Syncified(loop.run(fencing.open_async(url)), loop)
+        try:
+            yield store
+        finally:
+            store.close()
+    finally:
+        loop.close()
+
+
+@contextmanager
+def tombstone_locked(server: str, store: Any, key: str) -> Iterator[None]:
+    """Hold the row lock of ``key``'s tombstone in collection ``orders``."""
+    if server == "postgresql":
+        from .backends_postgres import connect
+
+        conn = connect(store)
+        conn.autocommit = False
+        try:
+            found = conn.execute(
+                "SELECT version FROM fencing_tombstones WHERE collection = 'orders'"
+                " AND key = %s FOR UPDATE",
+                (key,),
+            ).fetchall()
+            assert found, "the setup made a tombstone"
+            yield
+        finally:
+            conn.rollback()
+            conn.close()
+        return
+    from .backends_mysql import connect as mysql_connect
+
+    conn = mysql_connect(store)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("START TRANSACTION")
+            cur.execute(
+                "SELECT version FROM fencing_tombstones WHERE collection = 'orders'"
+                " AND `key` = %s FOR UPDATE",
+                (key.encode(),),
+            )
+            assert cur.fetchall(), "the setup made a tombstone"
+        yield
+    finally:
+        with conn.cursor() as cur:
+            cur.execute("ROLLBACK")
+        conn.close()
+
+
+def test_create_overlapping_delete_never_reuses_a_version(
+    server_url: tuple[str, str], api: str
+) -> None:  # api: sync and async (conftest)
+    server, url = server_url
+    with opened(url, api) as store:
+        orders = store.collection("orders")
+        orders.create("k", {"n": 0})
+        assert orders.delete("k")  # the key has a tombstone at version 1
+        rec = orders.create("k", {"n": 0})
+        assert rec.version == 2
+        decided_on_v2 = rec.intent("ship")
+        for n in range(1, 4):
+            out = orders.commit(orders.intent("k", "bump"), {"n": n})
+            assert isinstance(out, fencing.Committed)
+        assert orders.get("k").version == 5
+
+        answers: dict[str, Any] = {}
+
+        def run(name: str, call: Any) -> None:
+            try:
+                answers[name] = call()
+            except fencing.FencingError as exc:
+                answers[name] = exc
+
+        with tombstone_locked(server, store, "k"):
+            deleter = threading.Thread(target=run, args=("delete", lambda: orders.delete("k")))
+            deleter.start()
+            time.sleep(0.3)  # the delete is waiting for the key
+            creator = threading.Thread(
+                target=run, args=("create", lambda: orders.create("k", {"n": 99}))
+            )
+            creator.start()
+            time.sleep(0.7)  # and the create too
+        deleter.join(30)
+        creator.join(30)
+        assert not deleter.is_alive() and not creator.is_alive()
+
+        assert answers["delete"] is True
+        created = answers["create"]
+        if isinstance(created, fencing.AlreadyExists):
+            # the create went first (found v5), then the delete removed it
+            assert orders.get("k") is None
+        else:
+            assert isinstance(created, fencing.Record), created
+            # the delete of v5 went first: the new record continues after it
+            assert created.version == 6, f"re-created at v{created.version}: a reused version"
+            assert orders.get("k").version == 6
+        # an intent decided against the deleted record never commits against a new one
+        out = orders.commit(decided_on_v2, {"n": -1})
+        assert not out.committed, out
