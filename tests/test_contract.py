@@ -470,3 +470,66 @@ def test_recomputed_intent_redelivered_is_never_applied_twice(store: Any) -> Non
     assert accounts.get("a").state["balance"] == 100
     # and the derivation itself, replayed directly, is a duplicate of its root
     assert isinstance(accounts.commit(credit.derive(3, 1), {"balance": 0}), Duplicate)
+
+
+def test_one_intent_id_on_two_keys_commits_each_once(store: Any) -> None:
+    """A caller-chosen id (a task id, say) names work on one key: used for key ``a`` and
+    then for key ``b``, each commits once; ``Duplicate`` only for the key it was applied to."""
+    orders = store.collection("orders")
+    c, d = (orders.create(k, {"n": 0}) for k in ("c", "d"))
+    orders.create("a", {"n": 0})
+    orders.create("b", {"n": 0})
+    on_a = fencing.Intent(
+        id="task-42", collection="orders", key="a", expected_version=1, transition="ship"
+    )
+    on_b = fencing.Intent(
+        id="task-42", collection="orders", key="b", expected_version=1, transition="ship"
+    )
+    assert isinstance(orders.commit(on_a, {"n": 1}), Committed)
+    out_b = orders.commit(on_b, {"n": 1})
+    assert isinstance(out_b, Committed), f"key b was never written, yet: {out_b!r}"
+    assert isinstance(orders.commit(on_a, {"n": 1}), Duplicate)
+    assert isinstance(orders.commit(on_b, {"n": 1}), Duplicate)
+    assert (orders.get("a").version, orders.get("b").version) == (2, 2)
+    # probes say the same
+    assert orders.get("b").state["n"] == 1
+    # one batch may carry the same id for two keys
+    same = [
+        (
+            fencing.Intent(
+                id="task-43",
+                collection="orders",
+                key=rec.key,
+                expected_version=1,
+                transition="ship",
+            ),
+            {"n": 5},
+        )
+        for rec in (c, d)
+    ]
+    assert [o.kind for o in orders.commit_many(same)] == ["committed", "committed"]
+    assert [o.kind for o in orders.commit_many(same)] == ["duplicate", "duplicate"]
+
+
+def test_one_intent_id_on_two_table_rows(make_table: Any) -> None:
+    table = make_table(rows=[{"id": 1, "status": "new"}, {"id": 2, "status": "new"}])
+    one = fencing.Intent(
+        id="job-7",
+        collection=table.name,
+        key=1,
+        expected_version=1,
+        transition="pack",
+        kind="table",
+    )
+    two = fencing.Intent(
+        id="job-7",
+        collection=table.name,
+        key=2,
+        expected_version=1,
+        transition="pack",
+        kind="table",
+    )
+    assert isinstance(table.commit(one, {"status": "packed"}), Committed)
+    assert isinstance(table.commit(two, {"status": "packed"}), Committed)
+    assert isinstance(table.commit(two, {"status": "packed"}), Duplicate)
+    assert table.get(2).version == 2

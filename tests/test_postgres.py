@@ -612,9 +612,11 @@ def test_commit_is_one_statement_and_one_round_trip(api: str) -> None:
                 store.acquire("orders/o-1", owner="w", ttl=60).release()
         for traffic in (plain, guarded, fenced, rows, leases):
             _each_once(traffic)
-        _each_once(batches)  # the whole batch: one statement
-        _each_once(fenced_batches)
-        _each_once(repeated, statements=2)
+        # a batch: its locks (tombstones made, then shared; records; the lease when
+        # fenced), then one statement for the whole batch, or one per item: one round trip
+        _each_once(batches, statements=4)
+        _each_once(fenced_batches, statements=5)
+        _each_once(repeated, statements=5)
         assert t[0].statements == 1 and t[0].round_trips == 1
         assert t2[0].statements == 2 and t2[0].round_trips == 2  # acquire, then release
     finally:

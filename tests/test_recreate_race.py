@@ -148,3 +148,71 @@ def test_create_overlapping_delete_never_reuses_a_version(
         # an intent decided against the deleted record never commits against a new one
         out = orders.commit(decided_on_v2, {"n": -1})
         assert not out.committed, out
+
+
+# -- a batch answers from one moment ----------------------------------------------------------
+def _consistent(items: list[tuple[str, int]], outcomes: list[Any]) -> list[str]:
+    """Whether the outcomes of a batch of (key, expected version) items, in order, are what
+    applying the items one after the other to ONE state of the store gives; the faults."""
+    faults: list[str] = []
+    version: dict[str, int] = {}
+    for n, ((key, expected), out) in enumerate(zip(items, outcomes, strict=True)):
+        if isinstance(out, fencing.Committed):
+            before = version.setdefault(key, expected)
+            if before != expected or out.record.version != expected + 1:
+                faults.append(f"item {n}: committed {key} exp {expected} at v{before}")
+            version[key] = out.record.version
+        elif isinstance(out, fencing.Stale):
+            now = version.setdefault(key, out.current.version)
+            if now != out.current.version or now == expected:
+                faults.append(f"item {n}: stale {key} at v{out.current.version}, was v{now}")
+        else:
+            faults.append(f"item {n}: unexpected {out!r}")
+    return faults
+
+
+def test_a_batch_answers_from_one_moment(server_url: tuple[str, str], api: str) -> None:
+    """A concurrent writer moves k2 while a batch that repeats k0 and k2 runs: every outcome
+    must describe one state of the store (the one at the batch's commit), in item order."""
+    server, url = server_url
+    with opened(url, api) as store:
+        orders = store.collection("orders")
+        for key in ("k0", "k2"):
+            orders.create(key, {"n": 0})
+        items = [("k0", 1), ("k2", 1), ("k0", 1), ("k2", 2), ("k2", 3)]
+        batch = [
+            (
+                fencing.Intent(
+                    id=f"i{n}", collection="orders", key=k, expected_version=v, transition="t"
+                ),
+                {"n": n},
+            )
+            for n, (k, v) in enumerate(items)
+        ]
+        answers: list[Any] = []
+        if server == "postgresql":
+            from .backends_postgres import connect
+
+            writer = connect(store)
+            writer.autocommit = False
+            writer.execute(
+                "UPDATE fencing_records SET version = version + 1 WHERE key = 'k2'"
+            )  # a concurrent commit of k2, in progress
+        else:
+            from .backends_mysql import connect as mysql_connect
+
+            writer = mysql_connect(store)
+            with writer.cursor() as cur:
+                cur.execute("START TRANSACTION")
+                cur.execute("UPDATE fencing_records SET version = version + 1 WHERE `key` = 'k2'")
+        thread = threading.Thread(target=lambda: answers.extend(orders.commit_many(batch)))
+        thread.start()
+        time.sleep(0.5)  # the batch is under way, waiting for k2
+        writer.commit()
+        writer.close()
+        thread.join(30)
+        assert not thread.is_alive()
+        faults = _consistent(items, answers)
+        shown = [(o.kind, getattr(o, "current", None)) for o in answers]
+        assert not faults, (faults, shown)
+        assert orders.get("k2").version == 4  # 1, the writer's 2, then this batch's 3 and 4

@@ -254,9 +254,12 @@ class TargetOps:
         requests = [self._request(i, s, lease) for i, s in items]
         if len(requests) > MAX_BATCH:
             raise InvalidInput(f"a batch holds at most {MAX_BATCH} commits")
-        ids = {r.claim_id for r in requests}
+        # An intent id names work on one key: the same id may commit to two keys.
+        ids = {(r.claim_id, r.intent.key) for r in requests}
         if len(ids) != len(requests):
-            raise InvalidIntent("a batch cannot hold the same intent (or its derivations) twice")
+            raise InvalidIntent(
+                "a batch cannot hold the same intent (or its derivations) twice for one key"
+            )
         return requests
 
     # -- effects ------------------------------------------------------------------

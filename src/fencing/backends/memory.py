@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -44,7 +45,9 @@ class MemoryBackend:
         self._records: dict[tuple[str, str | int], tuple[int, int, str]] = {}
         self._tombstones: dict[tuple[str, str | int], int] = {}  # last version of deleted
         self._tables: dict[str, _Table] = {}
-        self._applied: dict[tuple[str, str], float] = {}
+        # applied intents: (scope, root id, key) -> when; an id names work on one key
+        self._applied: dict[tuple[str, str, str | int], float] = {}
+        self._applied_ids: Counter[tuple[str, str]] = Counter()  # (scope, root id) -> keys
         self._fences: dict[tuple[str, str | int], int] = {}
         self._leases: dict[str, LeaseRow] = {}
         self._effects: dict[str, tuple[Any, ...]] = {}  # rows in EFFECT_COLUMNS order
@@ -110,7 +113,7 @@ class MemoryBackend:
     def _judge(self, request: CommitRequest, now: float) -> tuple[Status, Record | None]:
         target, intent, lease = request.target, request.intent, request.lease
         record = self._read(target, intent.key)
-        applied = (target.scope, request.claim_id) in self._applied
+        applied = (target.scope, request.claim_id, intent.key) in self._applied
         row = self._leases.get(lease.name) if lease is not None else None
         return judge(record, applied, intent, lease, row, now), record
 
@@ -153,7 +156,8 @@ class MemoryBackend:
             if lease is not None:
                 self._fences[(target.scope, intent.key)] = fence
             new = self._read(target, intent.key) or record
-        self._applied[(target.scope, request.claim_id)] = now
+        self._applied[(target.scope, request.claim_id, intent.key)] = now
+        self._applied_ids[(target.scope, request.claim_id)] += 1
         return CommitResult(Status.APPLIED, new)
 
     def commit(self, request: CommitRequest) -> CommitResult:
@@ -203,6 +207,9 @@ class MemoryBackend:
             old = [k for k, at in self._applied.items() if at < cutoff]
             for k in old:
                 del self._applied[k]
+                self._applied_ids[k[:2]] -= 1
+                if not self._applied_ids[k[:2]]:
+                    del self._applied_ids[k[:2]]
             return len(old)
 
     # -- effects ------------------------------------------------------------------
@@ -246,7 +253,7 @@ class MemoryBackend:
         if query.pending_for is not None:
             cutoff = self.clock() - query.pending_for
             found = [
-                e for e in found if pending(e, cutoff, (e.scope, e.intent_id) in self._applied)
+                e for e in found if pending(e, cutoff, (e.scope, e.intent_id) in self._applied_ids)
             ]
         found = [e for e in found if query.matches(e)]
         found.sort(key=lambda e: (e.recorded_at, e.idempotency_key))
@@ -262,7 +269,7 @@ class MemoryBackend:
             old = [
                 k
                 for k, row in self._effects.items()
-                if prunable(effect_from_row(row), cutoff, (row[1], row[3]) in self._applied)
+                if prunable(effect_from_row(row), cutoff, (row[1], row[3]) in self._applied_ids)
             ]
             for k in old:
                 del self._effects[k]

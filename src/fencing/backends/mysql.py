@@ -173,7 +173,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 2  # 2: fencing_effects (1 -> 2 only added a table)
+# 2: fencing_effects (1 -> 2 only added a table);
+# 3: an applied intent is keyed by (scope, intent_id, key_text): an id names work on one key
+SCHEMA_VERSION: Final = 3
 
 # -- the library's own tables, as reviewed text ---------------------------------------
 _TABLE_OPTIONS: Final = (
@@ -197,7 +199,7 @@ SCHEMA: Final = (
     f" intent_id VARCHAR(128) {_ASCII} NOT NULL,"
     f" key_text VARBINARY(2050) NOT NULL,"
     f" applied_at DECIMAL(20,6) NOT NULL,"
-    f" PRIMARY KEY (scope, intent_id),"
+    f" PRIMARY KEY (scope, intent_id, key_text),"
     f" KEY fencing_applied_at (applied_at)) {_TABLE_OPTIONS}",
     f"CREATE TABLE IF NOT EXISTS fencing_fences ("
     f" scope VARCHAR(130) {_ASCII} NOT NULL,"
@@ -242,6 +244,10 @@ _SCHEMA_ROW: Final = "INSERT IGNORE INTO fencing_schema (component, version) VAL
 _SCHEMA_BUMP: Final = (
     "UPDATE fencing_schema SET version = %s WHERE component = 'core' AND version < %s"
 )
+# 2 -> 3 (a second run only rebuilds the same key)
+_APPLIED_BY_KEY: Final = (
+    "ALTER TABLE fencing_applied DROP PRIMARY KEY, ADD PRIMARY KEY (scope, intent_id, key_text)"
+)
 _SCHEMA_READ: Final = "SELECT version FROM fencing_schema WHERE component = 'core'"
 
 # -- statements -----------------------------------------------------------------------
@@ -254,7 +260,7 @@ _CLAIM: Final = (
 _SET_CLAIMED: Final = "SET @f_claimed = ROW_COUNT()"
 _SET_DONE: Final = "SET @f_done = ROW_COUNT()"
 _UNCLAIM: Final = (
-    "DELETE FROM fencing_applied WHERE scope = %s AND intent_id = %s"
+    "DELETE FROM fencing_applied WHERE scope = %s AND intent_id = %s AND key_text = %s"
     " AND @f_claimed = 1 AND @f_done = 0"
 )
 _LOCK_LEASE: Final = "SELECT 1 FROM fencing_leases WHERE name = %s LOCK IN SHARE MODE"
@@ -288,7 +294,8 @@ _READ_RECORD: Final = (
 )
 # the server's now, and whether the intent was applied
 _JUDGE_META: Final = (
-    f"SELECT {_NOW}, EXISTS (SELECT 1 FROM fencing_applied WHERE scope = %s AND intent_id = %s)"
+    f"SELECT {_NOW}, EXISTS (SELECT 1 FROM fencing_applied WHERE scope = %s AND intent_id = %s"
+    " AND key_text = %s)"
 )
 _READ_LEASE: Final = "SELECT owner, token, expires_at FROM fencing_leases WHERE name = %s"
 # A record created again after a delete continues the deleted one's versions, so an
@@ -568,7 +575,7 @@ def _add_judge_reads(script: _Script, request: CommitRequest, lock: bool) -> _Re
     if lease is not None:
         lease_at = script.add(_READ_LEASE + (" LOCK IN SHARE MODE" if lock else ""), lease.name)
     record = _add_read(script, target, intent.key, " FOR UPDATE" if lock else "")
-    meta = script.add(_JUDGE_META, target.scope, request.claim_id)
+    meta = script.add(_JUDGE_META, target.scope, request.claim_id, _key_text(intent.key))
     return _Reads(meta, record, lease_at)
 
 
@@ -700,7 +707,7 @@ def _add_commit(script: _Script, request: CommitRequest) -> _Slots:
             params += [target.name, key]  # the record's lock
             params += [request.state_json, token, target.name, key, intent.expected_version]
             params += [token, lease.name, token]
-        params += [scope, claim, target.name, key]
+        params += [scope, claim, key_text, target.name, key]
     else:
         guard = intent.guard or {}
         versioned = bool(target.version_column) and intent.expected_version is not None
@@ -719,7 +726,7 @@ def _add_commit(script: _Script, request: CommitRequest) -> _Slots:
             params += [value, len(value)] if isinstance(value, str) else [value]
         if lease is not None:
             params += [scope, key_text, lease.token, lease.name, lease.token]
-        params += [scope, claim]
+        params += [scope, claim, key_text]
         if lease is not None:
             params += [scope, key_text, lease.token, lease.token]
         params += [scope, key_text, *_key_params(key)]
@@ -897,7 +904,6 @@ def prune_effects_flow(older_than: float) -> Flow[int]:
 def migrate_flow() -> Flow[None]:
     script = _Script(*SCHEMA)
     script.add(_SCHEMA_ROW, SCHEMA_VERSION)
-    script.add(_SCHEMA_BUMP, SCHEMA_VERSION, SCHEMA_VERSION)
     at = script.add(_SCHEMA_READ)
     results = yield script.batch()
     version = int(results[at].rows[0][0])
@@ -906,6 +912,12 @@ def migrate_flow() -> Flow[None]:
             f"this store's schema is version {version}, newer than this fencing"
             f" ({SCHEMA_VERSION}); upgrade fencing"
         )
+    if version < SCHEMA_VERSION:
+        script = _Script()
+        if version < 3:  # the applied intents' key joins their primary key
+            script.add(_APPLIED_BY_KEY)
+        script.add(_SCHEMA_BUMP, SCHEMA_VERSION, SCHEMA_VERSION)
+        yield script.batch()
 
 
 def columns_flow(target: Target) -> Flow[frozenset[str]]:

@@ -134,7 +134,9 @@ T = TypeVar("T")
 # ``json.dumps`` of a str with the default options, in C
 _json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
-SCHEMA_VERSION: Final = 2  # 2: fencing_effects (1 -> 2 only added a table and its indexes)
+# 2: fencing_effects (1 -> 2 only added a table and its indexes);
+# 3: an applied intent is keyed by (scope, intent_id, key): an id names work on one key
+SCHEMA_VERSION: Final = 3
 
 # How often a statement refused by a concurrent writer (or rolled back by a
 # concurrent claim of the same intent) is run again before giving up.
@@ -156,7 +158,7 @@ _DDL: Final = (
     " updated_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (collection, key))",
     "CREATE TABLE IF NOT EXISTS fencing_applied ("
     " scope TEXT NOT NULL, intent_id TEXT NOT NULL, key TEXT NOT NULL,"
-    " applied_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (scope, intent_id))",
+    " applied_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (scope, intent_id, key))",
     "CREATE INDEX IF NOT EXISTS fencing_applied_at ON fencing_applied (applied_at)",
     "CREATE TABLE IF NOT EXISTS fencing_fences ("
     " scope TEXT NOT NULL, key TEXT NOT NULL, fence BIGINT NOT NULL,"
@@ -171,6 +173,11 @@ _DDL: Final = (
     f"INSERT INTO fencing_schema AS v (component, version) VALUES ('core', {SCHEMA_VERSION})"
     " ON CONFLICT (component) DO UPDATE SET version = excluded.version"
     " WHERE v.version < excluded.version",
+)
+# 2 -> 3 (run under the migration lock; a second run only rebuilds the same key)
+_APPLIED_BY_KEY: Final = (
+    "ALTER TABLE fencing_applied DROP CONSTRAINT fencing_applied_pkey,"
+    " ADD CONSTRAINT fencing_applied_pkey PRIMARY KEY (scope, intent_id, key)"
 )
 _MIGRATE_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtext('fencing.migrate'))"
 _HAS_SCHEMA_TABLE: Final = (
@@ -201,8 +208,18 @@ _LEASE_LIVE: Final = (
     "EXISTS (SELECT 1 FROM fencing_leases l WHERE l.name = %(lease)s"
     f" AND l.token = %(token)s::bigint AND l.owner IS NOT NULL AND l.expires_at > {_NOW})"
 )
+# A fenced commit share-locks the live lease row it writes under (the newest version of
+# the row, re-checked after any wait), so no takeover can be granted until it ends: a
+# write under token t is never visible after token t + 1 was granted.
+_LEASE_LOCK_CTE: Final = (
+    "fencing_lease AS (SELECT 1 FROM fencing_leases l WHERE l.name = %(lease)s"
+    f" AND l.token = %(token)s::bigint AND l.owner IS NOT NULL AND l.expires_at > {_NOW}"
+    " FOR SHARE)"
+)
+_LEASE_LOCKED: Final = "EXISTS (SELECT 1 FROM fencing_lease)"
 _IS_APPLIED: Final = (
-    "EXISTS (SELECT 1 FROM fencing_applied a WHERE a.scope = %(scope)s AND a.intent_id = %(id)s)"
+    "EXISTS (SELECT 1 FROM fencing_applied a WHERE a.scope = %(scope)s AND a.intent_id = %(id)s"
+    " AND a.key = %(key_json)s)"
 )
 _COLLECTION_PROBE: Final = (
     f"SELECT false, {_IS_APPLIED}, r.fence, l.owner, l.token, l.expires_at, {_NOW},"
@@ -293,10 +310,11 @@ def _collection_commit(guarded: bool, fenced: bool) -> str:
         where.append("r.state @> %(guard)s::jsonb")
     if fenced:
         sets.append("fence = greatest(r.fence, %(token)s::bigint)")
-        where += ["r.fence <= %(token)s::bigint", _LEASE_LIVE]
+        where += ["r.fence <= %(token)s::bigint", _LEASE_LOCKED]
     where.append(f"NOT {_IS_APPLIED}")
     return (
-        f"WITH fencing_upd AS (UPDATE fencing_records AS r SET {', '.join(sets)}"
+        f"WITH {_LEASE_LOCK_CTE + ', ' if fenced else ''}"
+        f"fencing_upd AS (UPDATE fencing_records AS r SET {', '.join(sets)}"
         f" WHERE {' AND '.join(where)} RETURNING r.version, r.fence),"
         " fencing_claim AS (INSERT INTO fencing_applied (scope, intent_id, key, applied_at)"
         f" SELECT %(scope)s, %(id)s, %(key_json)s, {_NOW} FROM fencing_upd)"
@@ -343,7 +361,7 @@ def _collection_batch(fenced: bool) -> str:
         " AS (k text, j text, i text, v bigint, s jsonb, g jsonb))"
         " WITH ORDINALITY AS i(k, j, i, v, s, g, n)"
         " LEFT JOIN LATERAL (SELECT true AS seen FROM fencing_applied a"
-        " WHERE a.scope = %(scope)s AND a.intent_id = i.i LIMIT 1) AS s ON true),"
+        " WHERE a.scope = %(scope)s AND a.intent_id = i.i AND a.key = i.j LIMIT 1) AS s ON true),"
         f" fencing_upd AS (UPDATE fencing_records AS r SET {', '.join(sets)}"
         f" FROM fencing_item i WHERE {' AND '.join(where)}"
         " RETURNING i.n, i.i, i.j, r.version, r.fence),"
@@ -356,6 +374,33 @@ def _collection_batch(fenced: bool) -> str:
         " WHERE u.n IS NULL AND r.collection = %(name)s AND r.key = i.k LIMIT 1) AS r ON true"
         f"{lease_join} ORDER BY i.n"
     )
+
+
+# A batch first locks what its answer depends on, in key order, so that every item's
+# outcome (applied or refused, and the record it reports) holds at the batch's commit:
+# the keys' tombstones (made if missing; shared: no create or delete of them), the
+# records (exclusive: no other commit), and the lease it writes under (shared: no
+# takeover). The batch itself then runs on a snapshot taken after those locks.
+_BATCH_KEYS_NEW: Final = (
+    "INSERT INTO fencing_tombstones (collection, key, version)"
+    " SELECT %(name)s, k, 0 FROM unnest(%(keys)s::text[]) AS k ORDER BY k"
+    " ON CONFLICT (collection, key) DO NOTHING"
+)
+_BATCH_KEYS_LOCK: Final = (
+    "SELECT 1 FROM fencing_tombstones WHERE collection = %(name)s"
+    " AND key = ANY(%(keys)s::text[]) ORDER BY key FOR SHARE"
+)
+_BATCH_RECORDS_LOCK: Final = (
+    "SELECT 1 FROM fencing_records WHERE collection = %(name)s"
+    " AND key = ANY(%(keys)s::text[]) ORDER BY key FOR UPDATE"
+)
+_BATCH_LEASE_LOCK: Final = "SELECT 1 FROM fencing_leases WHERE name = %(lease)s FOR SHARE"
+
+
+@lru_cache(maxsize=256)
+def _table_rows_lock(target: Target) -> str:
+    k = _quoted(target.key_column)
+    return f"SELECT 1 FROM {_quoted(target.name)} WHERE {k} = ANY(%(keys)s) ORDER BY {k} FOR UPDATE"
 
 
 @lru_cache(maxsize=256)
@@ -396,8 +441,10 @@ def _table_commit(
             "NOT EXISTS (SELECT 1 FROM fencing_fences f WHERE f.scope = %(scope)s"
             " AND f.key = %(key_json)s AND f.fence > %(token)s::bigint)"
         )
-        where.append(_LEASE_LIVE)
+        where.append(_LEASE_LOCKED)
     ctes[0] += f" WHERE {' AND '.join(where)} RETURNING *)"
+    if fenced:
+        ctes.insert(0, _LEASE_LOCK_CTE)
     if fenced:
         # Sees the newest fence (ON CONFLICT locks it); a newer one leaves it empty,
         # and then the claim below violates NOT NULL: the statement rolls back.
@@ -561,6 +608,7 @@ def _not_newer(stored: int | None) -> None:
 def migrate_flow(schema: str | None) -> Flow[None]:
     """Create fencing's tables (in ``schema``) unless they are there at this version."""
     found: Answer = yield from _read_only(Query(_HAS_SCHEMA_TABLE, {"schema": schema}))
+    stored = None
     if found.rows[0][0]:
         have: Answer = yield from _read_only(Query(_SCHEMA_VERSION))
         stored = have.rows[0][0] if have.rows else None
@@ -572,6 +620,8 @@ def migrate_flow(schema: str | None) -> Flow[None]:
         queries.append(Query(f"CREATE SCHEMA IF NOT EXISTS {_quoted(schema)}"))
     queries += [Query(ddl) for ddl in _DDL]
     queries += [Query(ddl) for ddl in effects_ddl(schema)]  # new in version 2
+    if stored is not None and stored < 3:
+        queries.append(Query(_APPLIED_BY_KEY))
     queries.append(Query(_SCHEMA_VERSION))
     answers: list[Answer] = yield Pipeline(tuple(queries))
     _not_newer(answers[-1].rows[0][0])
@@ -758,13 +808,32 @@ def _batch_query(requests: Sequence[CommitRequest]) -> tuple[Query, list[int]] |
     return Query(_collection_batch(lease is not None), params), order
 
 
-def _run_batch(step: Step) -> Flow[Any]:
-    """Run a batch (one statement or one pipeline: one transaction either way) again
-    when it rolled back whole: a concurrent claim of one of its intents, or chosen
-    as a deadlock's victim. Nothing was written; bounded."""
+def _batch_locks(requests: Sequence[CommitRequest]) -> tuple[Query, ...]:
+    """The statements that lock what a batch's answer depends on (see ``_BATCH_KEYS_NEW``)."""
+    first = requests[0]
+    target = first.target
+    params = {"name": target.name, "keys": list(dict.fromkeys(r.intent.key for r in requests))}
+    if target.kind == "collection":
+        locks = [
+            Query(_BATCH_KEYS_NEW, params),
+            Query(_BATCH_KEYS_LOCK, params),
+            Query(_BATCH_RECORDS_LOCK, params),
+        ]
+    else:  # a user's rows: those that exist (a row inserted meanwhile is not locked)
+        locks = [Query(_table_rows_lock(target), params)]
+    if first.lease is not None:
+        locks.append(Query(_BATCH_LEASE_LOCK, {"lease": first.lease.name}))
+    return tuple(locks)
+
+
+def _run_batch(step: Pipeline) -> Flow[list[Answer]]:
+    """Run a batch (one pipeline: one transaction) again when it rolled back whole: a
+    concurrent claim of one of its intents, or chosen as a deadlock's victim. Nothing
+    was written; bounded."""
     for attempt in range(1, _ATTEMPTS + 1):
         try:
-            return (yield step)
+            answers: list[Answer] = yield step
+            return answers
         except (_Retry, _Deadlock):
             if attempt == _ATTEMPTS:
                 raise
@@ -772,34 +841,32 @@ def _run_batch(step: Step) -> Flow[Any]:
 
 
 def commit_many_flow(requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
-    """One statement for a collection's batch of distinct keys, else one pipeline of
-    single commits; one transaction, one round trip. Items refused by a concurrent
-    writer are re-read."""
+    """One transaction, one round trip: lock what the answer depends on, then one
+    statement for a collection's batch of distinct keys, else one commit statement per
+    item. Every outcome describes the store at the batch's commit."""
+    locks = _batch_locks(requests)
     batch = _batch_query(requests)
     if batch is not None:
         query, order = batch
-        found: Answer = yield from _run_batch(query)
+        answers = yield from _run_batch(Pipeline((*locks, query)))
         # one row per item, in the statement's (key) order: back to the caller's
         by_item = {
             i: _commit_result(requests[i], Answer((), [row], 1))
-            for i, row in zip(order, found.rows, strict=True)
+            for i, row in zip(order, answers[-1].rows, strict=True)
         }
         results = [by_item[i] for i in range(len(requests))]
     else:
-        answers: list[Answer] = yield from _run_batch(
-            Pipeline(tuple(_commit_query(r) for r in requests))
-        )
-        results = [_commit_result(r, a) for r, a in zip(requests, answers, strict=True)]
-    unclear = [i for i, res in enumerate(results) if res.status is Status.OK]
-    if unclear:
-        probes: list[Answer] = yield Pipeline(tuple(_request_probe(requests[i]) for i in unclear))
-        for i, found_now in zip(unclear, probes, strict=True):
-            res = _judged(requests[i], found_now)
-            # Still applicable now: it lost to a concurrent writer inside the batch's
-            # order, so, like any write that lost a race, it is stale.
-            status = Status.STALE if res.status is Status.OK else res.status
-            results[i] = CommitResult(status, res.record)
-    return results
+        answers = yield from _run_batch(Pipeline((*locks, *(_commit_query(r) for r in requests))))
+        results = [
+            _commit_result(r, a) for r, a in zip(requests, answers[len(locks) :], strict=True)
+        ]
+    # Refused although the rules find nothing wrong with the row as read: with the rows
+    # locked, only a value the server compared differently from Python (a user table's
+    # column type) or a user row inserted meanwhile; nothing was written: stale.
+    return [
+        CommitResult(Status.STALE, res.record) if res.status is Status.OK else res
+        for res in results
+    ]
 
 
 def _lease_flow(

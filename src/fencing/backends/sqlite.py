@@ -48,7 +48,7 @@ __all__ = ["SCHEMA_VERSION", "SQLiteBackend"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 2  # 2: fencing_effects
+SCHEMA_VERSION: Final = 3  # 2: fencing_effects; 3: applied intents by (scope, id, key)
 
 # The library's own tables, as reviewed text. Keys have no declared type, so a
 # string key and an integer key are stored as what they are.
@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS fencing_applied (
     intent_id TEXT NOT NULL,
     key NOT NULL,
     applied_at REAL NOT NULL,
-    PRIMARY KEY (scope, intent_id)
+    PRIMARY KEY (scope, intent_id, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS fencing_applied_at ON fencing_applied (applied_at);
 CREATE TABLE IF NOT EXISTS fencing_fences (
@@ -111,6 +111,17 @@ CREATE INDEX IF NOT EXISTS fencing_effects_open ON fencing_effects (recorded_at)
     WHERE outcome IS NOT NULL AND reconciled_at IS NULL;
 """
 
+# 2 -> 3: rebuild fencing_applied with (scope, intent_id, key) as its primary key
+_APPLIED_BY_KEY: Final = (
+    "CREATE TABLE fencing_applied_v3 (scope TEXT NOT NULL, intent_id TEXT NOT NULL,"
+    " key NOT NULL, applied_at REAL NOT NULL, PRIMARY KEY (scope, intent_id, key))"
+    " WITHOUT ROWID",
+    "INSERT INTO fencing_applied_v3 SELECT scope, intent_id, key, applied_at FROM fencing_applied",
+    "DROP TABLE fencing_applied",
+    "ALTER TABLE fencing_applied_v3 RENAME TO fencing_applied",
+    "CREATE INDEX IF NOT EXISTS fencing_applied_at ON fencing_applied (applied_at)",
+)
+
 _EFFECT_ROW: Final = ", ".join(EFFECT_COLUMNS)
 _EFFECT_ORDER: Final = " ORDER BY recorded_at, idempotency_key LIMIT ?"
 _EFFECT_WHERE: Final = {
@@ -123,8 +134,9 @@ _CLAIM: Final = (
     "INSERT INTO fencing_applied (scope, intent_id, key, applied_at) VALUES (?, ?, ?, ?)"
     " ON CONFLICT DO NOTHING"
 )
-_UNCLAIM: Final = "DELETE FROM fencing_applied WHERE scope = ? AND intent_id = ?"
-_IS_APPLIED: Final = "SELECT 1 FROM fencing_applied WHERE scope = ? AND intent_id = ?"
+_UNCLAIM: Final = "DELETE FROM fencing_applied WHERE scope = ? AND intent_id = ? AND key = ?"
+# An intent id names work on one key: the same id applied to another key is not a duplicate.
+_IS_APPLIED: Final = "SELECT 1 FROM fencing_applied WHERE scope = ? AND intent_id = ? AND key = ?"
 _LEASE_LIVE: Final = (
     " AND EXISTS (SELECT 1 FROM fencing_leases WHERE name = ? AND token = ?"
     " AND owner IS NOT NULL AND expires_at > ?)"
@@ -296,6 +308,9 @@ class SQLiteBackend:
                     f" ({SCHEMA_VERSION}); upgrade fencing"
                 )
             elif row[0] < SCHEMA_VERSION:  # 1 -> 2 only added tables, made above
+                if row[0] < 3:  # 2 -> 3: the applied intents' key joins their primary key
+                    for statement in _APPLIED_BY_KEY:
+                        conn.execute(statement)
                 conn.execute(
                     "UPDATE fencing_schema SET version = ? WHERE component = 'core'",
                     (SCHEMA_VERSION,),
@@ -350,7 +365,8 @@ class SQLiteBackend:
     def _judge(self, conn: sqlite3.Connection, request: CommitRequest, now: float) -> CommitResult:
         target, intent, lease = request.target, request.intent, request.lease
         record = self._read(conn, target, intent.key)
-        applied = conn.execute(_IS_APPLIED, (target.scope, request.claim_id)).fetchone() is not None
+        args = (target.scope, request.claim_id, intent.key)
+        applied = conn.execute(_IS_APPLIED, args).fetchone() is not None
         row = self._lease_row(conn, lease.name) if lease is not None else None
         return CommitResult(judge(record, applied, intent, lease, row, now), record)
 
@@ -363,7 +379,7 @@ class SQLiteBackend:
         with self._lock:
             try:
                 if target.kind == "collection":
-                    args = (target.scope, request.claim_id, target.name, intent.key)
+                    args = (target.scope, request.claim_id, intent.key, target.name, intent.key)
                     found = self.conn.execute(_PROBE_RECORD, args).fetchone()
                     record = None
                     if found is not None:
@@ -375,6 +391,7 @@ class SQLiteBackend:
                         intent.key,
                         target.scope,
                         request.claim_id,
+                        intent.key,
                         intent.key,
                     )
                     cur = self.conn.execute(self._row_sql(target, probe=True), row_args)
@@ -527,7 +544,7 @@ class SQLiteBackend:
             values.pop(target.key_column, None)
             record = Record(target.name, key, version, fence, MappingProxyType(values), "table")
             return CommitResult(Status.APPLIED, record)
-        conn.execute(_UNCLAIM, (scope, request.claim_id))
+        conn.execute(_UNCLAIM, (scope, request.claim_id, key))
         return self._judge(conn, request, now)
 
     def commit(self, request: CommitRequest) -> CommitResult:
