@@ -770,6 +770,18 @@ def commit_flow(requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
     out: list[CommitResult | None] = [None] * len(requests)
     script = _Script("START TRANSACTION")
     pending: list[tuple[int, _Slots]] = []
+    if len(requests) > 1 and requests[0].target.kind == "collection":
+        # A batch first locks its keys (their tombstone rows, in key order), so no record
+        # of the batch is created or deleted before it commits: an item answered Missing
+        # is still missing then, like every other answer of the batch.
+        name = requests[0].target.name
+        keys = sorted({str(r.intent.key) for r in requests})
+        values = ", ".join(["(%s, %s, 0)"] * len(keys))
+        script.add(
+            f"INSERT INTO fencing_tombstones (collection, `key`, version) VALUES {values}"
+            " ON DUPLICATE KEY UPDATE version = version",
+            *(p for k in keys for p in (name, k)),
+        )
 
     def settle(results: list[Result]) -> None:
         for i, slots in pending:
