@@ -45,6 +45,13 @@ How a commit works
     UPDATE writing an identical state would count 0; with FOUND_ROWS it counts matched
     rows (the version is bumped too, so the row always changes anyway).
 
+    A batch of a collection's commits first locks its keys' tombstone rows (in key
+    order), as ``create`` and ``delete`` do for their one key before anything else: no
+    record of a batch is created or deleted before it commits, and a create that
+    overlaps a delete of its key continues after the deleted version (versions of a key
+    never repeat). An intent id names work on one key: the claim is
+    ``(scope, intent_id, key_text)``.
+
     A duplicate intent committed concurrently cannot apply twice: the second claim of
     the same ``(scope, intent_id)`` (the intent's root id, which its ``Recompute``
     derivations share) waits on the first one's row lock and, once the first

@@ -47,22 +47,31 @@ then says why, with no second read.
   claim's ``applied_at`` is NULL, its ``NOT NULL`` constraint rolls the statement
   back, and the re-run reports ``Fenced``.
 
-A batch (``commit_many``) to a collection whose keys are all distinct is ONE
-statement too: the items travel as one JSON document (``json_to_recordset ... WITH
-ORDINALITY``), each item's claim is looked up once by primary key, one ``UPDATE ...
-FROM`` the items applies each item whose own conditions hold (version, guard, not
-yet applied, fence and live lease), the claims are inserted from its output, and
-the answer is one row per item, in order, laid out like a single commit's (the
-refused ones with the record as the snapshot saw it). Items go in key order, so
-concurrent batches take their row locks in one order; a batch that is a
-deadlock's victim anyway was rolled back whole and runs again. A batch that
-repeats a key (a later item must see the earlier one's write) and a guarded
-table's batch (its items may write different columns) are a psycopg pipeline of
-single commits with one Sync instead: one round trip, one implicit transaction,
-each statement seeing the ones before it. Either way an item refused by a
-concurrent writer is re-read, and reported stale. Lease acquire, renew and
-release are each one statement; tokens only ever grow (``token + 1`` on the row
-that is never deleted).
+A batch (``commit_many``) is one pipeline: one round trip, one transaction. It first
+locks what its answer depends on, in key order: the keys' tombstone rows (made if
+missing, then shared: no create or delete of those keys), the records (exclusive: no
+other commit) and the lease it writes under (shared: no takeover). The batch then runs
+on a snapshot taken after those locks, so every item's outcome, and the record a refused
+item reports, holds at the batch's commit point. A collection's batch of distinct keys
+is then ONE statement: the items travel as one JSON document (``json_to_recordset ...
+WITH ORDINALITY``), each item's claim is looked up once by primary key, one ``UPDATE ...
+FROM`` applies each item whose own conditions hold (version, guard, not yet applied,
+fence and live lease), the claims are inserted from its output, and the answer is one
+row per item, in order, laid out like a single commit's. A batch that repeats a key (a
+later item must see the earlier one's write) and a guarded table's batch (its items may
+write different columns; its user rows are locked, those inserted meanwhile are not) run
+one commit statement per item after the locks instead. A batch that is a deadlock's
+victim anyway was rolled back whole and runs again. Lease acquire, renew and release are
+each one statement; tokens only ever grow (``token + 1`` on the row that is never
+deleted). A fenced single commit share-locks the live lease row in its own statement
+(``FOR SHARE`` re-checks the newest row after any wait), so no takeover is granted while
+a write under the old token is still on its way.
+
+A key's tombstone row (the last version of its deleted record) is also the key's lock:
+``create`` and ``delete`` take it first (an upsert locks the row whether it inserts or
+finds it, and answers with its newest version), so a create that overlaps a delete of
+the same key waits for it and continues after the deleted version: versions of a key
+never repeat, whatever overlaps.
 
 Errors are translated at the boundary::
 
