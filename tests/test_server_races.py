@@ -1,4 +1,6 @@
-"""A create that overlaps a delete of the same key continues the deleted record's versions.
+"""Races on the server stores, made deterministic by a setup connection holding a lock.
+
+A create that overlaps a delete of the same key continues the deleted record's versions.
 
 Found by an outside linearizability check on PostgreSQL and MariaDB: the re-created record
 took its version from the tombstone as it was *before* the overlapping delete (PostgreSQL:
@@ -216,3 +218,62 @@ def test_a_batch_answers_from_one_moment(server_url: tuple[str, str], api: str) 
         shown = [(o.kind, getattr(o, "current", None)) for o in answers]
         assert not faults, (faults, shown)
         assert orders.get("k2").version == 4  # 1, the writer's 2, then this batch's 3 and 4
+
+
+# -- a write under a token never lands after the next token was granted ----------------------
+def test_a_fenced_commit_held_up_past_its_lease_never_lands_after_a_takeover(
+    server_url: tuple[str, str], api: str
+) -> None:
+    """The commit waits for a row lock until its lease has run out and a new owner asks for
+    it: either the commit is refused, or the takeover waits until the commit is done."""
+    server, url = server_url
+    with opened(url, api) as store:
+        orders = store.collection("orders")
+        orders.create("k", {"n": 0})
+        lease = store.acquire("orders/k", owner="old", ttl=0.5)
+        intent = orders.intent("k", "ship")
+        if server == "postgresql":
+            from .backends_postgres import connect
+
+            holder = connect(store)
+            holder.autocommit = False
+            holder.execute("SELECT 1 FROM fencing_records WHERE key = 'k' FOR UPDATE")
+        else:
+            from .backends_mysql import connect as mysql_connect
+
+            holder = mysql_connect(store)
+            with holder.cursor() as cur:
+                cur.execute("START TRANSACTION")
+                cur.execute("SELECT 1 FROM fencing_records WHERE `key` = 'k' FOR UPDATE")
+        done: dict[str, Any] = {}
+
+        def commit() -> None:
+            done["commit"] = orders.commit(intent, {"n": 1}, lease=lease)
+            done["commit_at"] = time.monotonic()
+
+        def take_over() -> None:
+            done["lease"] = store.acquire("orders/k", owner="new", ttl=30)
+            done["lease_at"] = time.monotonic()
+
+        committer = threading.Thread(target=commit)
+        committer.start()
+        time.sleep(0.8)  # the commit waits for the record; its lease runs out meanwhile
+        taker = threading.Thread(target=take_over)
+        taker.start()
+        time.sleep(0.7)
+        released_at = time.monotonic()
+        holder.commit()
+        holder.close()
+        committer.join(30)
+        taker.join(30)
+        assert not committer.is_alive() and not taker.is_alive()
+        assert done["lease"].token == lease.token + 1
+        if done["commit"].committed:
+            # it could only commit once the row was free: the takeover must have waited
+            assert done["commit_at"] > released_at
+            assert done["lease_at"] > released_at, (
+                "the new token was granted while a commit under the old one was on its way"
+            )
+            assert orders.get("k").fence == lease.token
+        else:
+            assert isinstance(done["commit"], fencing.Fenced), done["commit"]
