@@ -48,6 +48,7 @@ PUBLIC = [
     "RecordNotFound",
     "SchemaError",
     "Signer",
+    "SkipType",
     "Skipped",
     "Stale",
     "StalePolicy",
@@ -56,9 +57,12 @@ PUBLIC = [
     "Table",
     "TransientStoreError",
     "__version__",
-    "open",
     "open_async",
 ]
+
+# Public, but left out of ``__all__`` so that ``from fencing import *`` does not shadow
+# the builtin of the same name.
+PUBLIC_NOT_STARRED = ["open"]
 
 # The names DESIGN.md makes the contract ("add more freely, rename none").
 DESIGN_NAMES = [
@@ -113,7 +117,7 @@ def test_nothing_private_is_exported() -> None:
 def test_nothing_public_is_left_out_of_all() -> None:
     leaked = []
     for name, value in vars(fencing).items():
-        if name.startswith("_") or name in fencing.__all__:
+        if name.startswith("_") or name in fencing.__all__ or name in PUBLIC_NOT_STARRED:
             continue
         if isinstance(value, types.ModuleType) and name in SUBPACKAGES:
             continue
@@ -133,7 +137,22 @@ def test_exported_objects_come_from_fencing() -> None:
 
 def test_design_contract_names_exist() -> None:
     for name in DESIGN_NAMES:
-        assert name in fencing.__all__, name
+        if name in PUBLIC_NOT_STARRED:
+            assert callable(getattr(fencing, name)), name
+        else:
+            assert name in fencing.__all__, name
+
+
+def test_star_import_does_not_shadow_builtins() -> None:
+    import builtins
+
+    namespace: dict[str, object] = {}
+    exec("from fencing import *", namespace)
+    shadowed = [n for n in namespace if n != "__builtins__" and hasattr(builtins, n)]
+    assert shadowed == []
+    for name in PUBLIC_NOT_STARRED:
+        assert name not in fencing.__all__
+        assert getattr(fencing, name).__module__.startswith("fencing"), name
 
 
 def test_every_error_derives_from_fencing_error() -> None:
@@ -156,9 +175,24 @@ def test_every_error_derives_from_fencing_error() -> None:
     assert issubclass(fencing.RecordNotFound, LookupError)
 
 
+OUTCOMES = ("Committed", "Stale", "Duplicate", "Fenced", "Missing", "Skipped", "Contended")
+
+
 def test_outcomes_share_a_base() -> None:
-    for name in ("Committed", "Stale", "Duplicate", "Fenced", "Missing", "Skipped", "Contended"):
+    for name in OUTCOMES:
         assert issubclass(getattr(fencing, name), fencing.Outcome), name
+
+
+def test_outcome_is_the_closed_union_of_the_seven() -> None:
+    import typing
+
+    assert set(typing.get_args(fencing.Outcome)) == {getattr(fencing, n) for n in OUTCOMES}
+    assert not isinstance(object(), fencing.Outcome)
+    assert isinstance(fencing.Missing(), fencing.Outcome)
+
+
+def test_skip_type_is_exported() -> None:
+    assert isinstance(fencing.SKIP, fencing.SkipType)
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,8 @@ from ._errors import (
     StoreError,
     TransientStoreError,
 )
-from ._open import DEFAULT_RETENTION, open, open_async
+from ._open import DEFAULT_RETENTION, open_async
+from ._open import open as open  # public, but not in __all__ (see below)
 from ._policy import Drop, Recompute, Reconcile, StalePolicy
 from ._signing import Signer
 from ._store import Collection, Lease, Store, Table
@@ -43,6 +44,7 @@ from ._values import (
     Outcome,
     Record,
     Skipped,
+    SkipType,
     Stale,
 )
 
@@ -85,6 +87,7 @@ __all__ = [
     "RecordNotFound",
     "SchemaError",
     "Signer",
+    "SkipType",
     "Skipped",
     "Stale",
     "StalePolicy",
@@ -93,6 +96,7 @@ __all__ = [
     "Table",
     "TransientStoreError",
     "__version__",
-    "open",
     "open_async",
 ]
+# ``fencing.open`` is public but not in ``__all__``: ``from fencing import *`` must not
+# shadow the builtin ``open``.

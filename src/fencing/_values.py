@@ -26,8 +26,9 @@ __all__ = [
     "Intent",
     "Missing",
     "Outcome",
+    "OutcomeBase",
     "Record",
-    "Skip",
+    "SkipType",
     "Skipped",
     "Stale",
 ]
@@ -52,8 +53,8 @@ _FIELDS: Final = frozenset(
 )
 
 
-class Skip(enum.Enum):
-    """The type of :data:`SKIP`."""
+class SkipType(enum.Enum):
+    """The type of :data:`SKIP`: annotate a decide function ``-> dict[str, Any] | SkipType``."""
 
     SKIP = "SKIP"
 
@@ -62,7 +63,7 @@ class Skip(enum.Enum):
 
 
 #: Returned by a ``decide`` function to commit nothing; the outcome is ``Skipped``.
-SKIP: Final = Skip.SKIP
+SKIP: Final = SkipType.SKIP
 
 
 def _frozen(state: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -305,14 +306,22 @@ def _no_constant(name: str) -> Any:
 
 
 class FenceReason(enum.StrEnum):
-    """Why a fenced commit was refused."""
+    """Why a fenced commit was refused: one of the two, never both.
+
+    A fenced commit's ``reason`` is ``FenceReason.NEWER_OWNER`` or
+    ``FenceReason.EXPIRED``; compare with ``is`` or ``match`` on it.
+    """
 
     NEWER_OWNER = "newer_owner"  #: a newer lease token took over the lease or wrote the record
     EXPIRED = "expired"  #: the lease ran out by the store's clock; nobody took over (yet)
 
 
-class Outcome:
-    """Base of every commit outcome. ``outcome.committed`` is True only for ``Committed``."""
+class OutcomeBase:
+    """Base class of every commit outcome. ``outcome.committed`` is True only for ``Committed``.
+
+    Annotate with :data:`Outcome` (the closed union of the seven outcomes), so that a
+    ``match`` ending in ``assert_never`` is checked for exhaustiveness.
+    """
 
     __slots__ = ()
     committed: ClassVar[bool] = False
@@ -325,7 +334,7 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
-class Committed(Outcome):
+class Committed(OutcomeBase):
     """Applied: ``record`` is the record at its new version."""
 
     record: Record
@@ -340,7 +349,7 @@ class Committed(Outcome):
 
 
 @dataclass(frozen=True, slots=True)
-class Stale(Outcome):
+class Stale(OutcomeBase):
     """The record moved on since the intent was decided; nothing was written."""
 
     current: Record
@@ -350,7 +359,7 @@ class Stale(Outcome):
 
 
 @dataclass(frozen=True, slots=True)
-class Duplicate(Outcome):
+class Duplicate(OutcomeBase):
     """This very intent was committed before (a redelivery or a retry): safe to acknowledge."""
 
     record: Record
@@ -364,7 +373,7 @@ class Duplicate(Outcome):
 
 
 @dataclass(frozen=True, slots=True)
-class Fenced(Outcome):
+class Fenced(OutcomeBase):
     """The lease that guarded the write lost to a newer owner, or expired; nothing written."""
 
     current: Record
@@ -375,7 +384,7 @@ class Fenced(Outcome):
 
 
 @dataclass(frozen=True, slots=True)
-class Missing(Outcome):
+class Missing(OutcomeBase):
     """The record does not exist (it was deleted, or never created)."""
 
     intent: Intent | None = field(default=None, compare=False)
@@ -384,7 +393,7 @@ class Missing(Outcome):
 
 
 @dataclass(frozen=True, slots=True)
-class Skipped(Outcome):
+class Skipped(OutcomeBase):
     """The decide function returned ``SKIP``; nothing was written."""
 
     current: Record | None = None
@@ -394,7 +403,7 @@ class Skipped(Outcome):
 
 
 @dataclass(frozen=True, slots=True)
-class Contended(Outcome):
+class Contended(OutcomeBase):
     """A ``Recompute`` policy ran out of attempts; ``current`` is the last record seen."""
 
     current: Record
@@ -402,3 +411,8 @@ class Contended(Outcome):
     intent: Intent | None = field(default=None, compare=False)
     kind: ClassVar[str] = "contended"
     __match_args__ = ("current", "attempts")
+
+
+#: Every commit outcome: a closed union, so ``match`` + ``assert_never`` type-checks.
+#: ``isinstance(x, Outcome)`` works at run time too.
+Outcome = Committed | Stale | Duplicate | Fenced | Missing | Skipped | Contended
