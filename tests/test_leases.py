@@ -503,6 +503,28 @@ def test_leaving_a_lost_lease_does_not_hide_the_users_error(store: Any) -> None:
     assert lease.lost_reason == "expired"
 
 
+def test_an_on_lost_that_raises_does_not_hide_the_users_error(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    noticed = threading.Event()
+
+    def on_lost(lease: Any) -> None:
+        noticed.set()
+        raise RuntimeError("on_lost's own error")
+
+    with (  # noqa: PT012
+        pytest.raises(KeyError, match="body"),
+        store.lease(NAME, owner="A", ttl=0.6, on_lost=on_lost) as lease,
+    ):
+        steal(store, NAME, lease.token)
+        wait_for(noticed)
+        raise KeyError("body")
+    assert lease.lost and lease.released
+    logged = [r for r in caplog.records if r.name == "fencing.lease"]
+    assert len(logged) == 1 and "on_lost" in logged[0].getMessage()
+    assert logged[0].exc_info is not None and "on_lost's own" in str(logged[0].exc_info[1])
+
+
 def test_leaving_a_lost_lease_without_error_reports_it(store: Any) -> None:
     with store.lease(NAME, owner="A", ttl=30) as lease:
         steal(store, NAME, lease.token)

@@ -8,6 +8,7 @@ Every method is a thin call to the backend around the shared, I/O-free checks of
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -51,6 +52,8 @@ from ._values import Intent, Outcome, Record
 from .backends._contract import AsyncBackend, LeaseAnswer, Target
 
 __all__ = ["AsyncCollection", "AsyncLease", "AsyncLeaseContext", "AsyncStore", "AsyncTable"]
+
+logger = logging.getLogger("fencing.lease")
 
 #: ``decide(record)`` returns the new state or ``fencing.SKIP`` (async stores also
 #: accept a coroutine function).
@@ -257,7 +260,12 @@ class AsyncLease(LeaseBase):
             if reason is not None:
                 self._mark_lost(reason)
             if on_lost is not None:
-                await maybe_await(on_lost(self))
+                try:
+                    await maybe_await(on_lost(self))
+                except Exception:
+                    # never raised over the body's own error (the lease context stops
+                    # this task on exit): logged, and ``lease.lost`` says what happened
+                    logger.exception("on_lost of lease %r token %s raised", self.name, self.token)
 
         runner.start(f"fencing-heartbeat-{self.name}", run)
 

@@ -7,6 +7,7 @@ Generated from ``_astore.py``: see there.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -50,6 +51,8 @@ from ._values import Intent, Outcome, Record
 from .backends._contract import Backend, LeaseAnswer, Target
 
 __all__ = ["Collection", "Lease", "LeaseContext", "Store", "Table"]
+
+logger = logging.getLogger("fencing.lease")
 
 #: ``decide(record)`` returns the new state or ``fencing.SKIP`` (async stores also
 #: accept a coroutine function).
@@ -256,7 +259,12 @@ class Lease(LeaseBase):
             if reason is not None:
                 self._mark_lost(reason)
             if on_lost is not None:
-                passthrough(on_lost(self))
+                try:
+                    passthrough(on_lost(self))
+                except Exception:
+                    # never raised over the body's own error (the lease context stops
+                    # this task on exit): logged, and ``lease.lost`` says what happened
+                    logger.exception("on_lost of lease %r token %s raised", self.name, self.token)
 
         runner.start(f"fencing-heartbeat-{self.name}", run)
 
