@@ -53,6 +53,7 @@ PUBLIC = [
     "Stale",
     "StalePolicy",
     "Store",
+    "StoreClosed",
     "StoreError",
     "Table",
     "TransientStoreError",
@@ -172,6 +173,7 @@ def test_every_error_derives_from_fencing_error() -> None:
     assert issubclass(fencing.LeaseHeld, fencing.LeaseError)
     assert issubclass(fencing.LeaseLost, fencing.LeaseError)
     assert issubclass(fencing.TransientStoreError, fencing.StoreError)
+    assert issubclass(fencing.StoreClosed, fencing.StoreError)
     assert issubclass(fencing.RecordNotFound, LookupError)
 
 

@@ -24,6 +24,7 @@ from ._errors import (
     MissingDependency,
     RecordNotFound,
     SchemaError,
+    StoreClosed,
     StoreError,
     TransientStoreError,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "Stale",
     "StalePolicy",
     "Store",
+    "StoreClosed",
     "StoreError",
     "Table",
     "TransientStoreError",

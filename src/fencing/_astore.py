@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from ._effects import Effect
-from ._errors import LeaseHeld, LeaseLost
+from ._errors import LeaseHeld, LeaseLost, StoreClosed
 from ._front import (
     LeaseBase,
     StoreOptions,
@@ -315,14 +315,28 @@ class AsyncStore:
     """A store opened by ``fencing.open_async(url)``; share it between the tasks of its loop."""
 
     def __init__(self, backend: AsyncBackend, url: str, options: StoreOptions) -> None:
-        self.backend = backend
+        self._backend = backend
+        self._closed = False
         self.url = url
         self.options = options
         self._lock = threading.Lock()
         self._fronts: dict[tuple[Any, ...], _AsyncOps] = {}
 
     def __repr__(self) -> str:
-        return f"<fencing.AsyncStore {self.backend.scheme}>"
+        closed = " closed" if self._closed else ""
+        return f"<fencing.AsyncStore {self._backend.scheme}{closed}>"
+
+    @property
+    def backend(self) -> AsyncBackend:
+        """The store's backend; every call through it after ``close()`` is refused."""
+        if self._closed:
+            raise StoreClosed(f"this {self._backend.scheme} store is closed: open a new one")
+        return self._backend
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+        return self._closed
 
     def collection(self, name: str) -> AsyncCollection:
         """The collection ``name`` (created implicitly; records are created explicitly)."""
@@ -354,6 +368,7 @@ class AsyncStore:
         return front
 
     def _front(self, cls: type[Any], target: Target, declared: frozenset[str] | None = None) -> Any:
+        self.backend  # noqa: B018 - StoreClosed once closed
         with self._lock:
             front = self._fronts.get((cls, target, declared))
             if front is None:
@@ -406,6 +421,7 @@ class AsyncStore:
         on_lost: Callable[[AsyncLease], Any] | None = None,
     ) -> AsyncLeaseContext:
         """``with store.lease(...) as lease:``; the lease is released on exit."""
+        self.backend  # noqa: B018 - StoreClosed once closed
         check_lease_args(name, owner, ttl)
         check_wait(wait)
         kwargs = {"name": name, "owner": owner, "ttl": ttl, "wait": wait}
@@ -455,7 +471,9 @@ class AsyncStore:
         return effects + await self.backend.prune(age)
 
     async def close(self) -> None:
-        await self.backend.close()
+        """Close the store (idempotent); every later call on it raises ``StoreClosed``."""
+        self._closed = True
+        await self._backend.close()
 
     async def __aenter__(self) -> AsyncStore:
         return self

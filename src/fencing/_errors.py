@@ -19,6 +19,7 @@ store that could not be reached::
     │   ├── LeaseHeld                        another owner holds the lease
     │   └── LeaseLost                        renew/release by a holder that no longer holds it
     └── StoreError                           the store failed
+        ├── StoreClosed                      the store was closed: every call refused
         └── TransientStoreError              connection dropped, busy, timeout: the outcome
                                              is unknown; retry with the *same* intent and
                                              expect Duplicate if the first try landed
@@ -41,6 +42,7 @@ __all__ = [
     "MissingDependency",
     "RecordNotFound",
     "SchemaError",
+    "StoreClosed",
     "StoreError",
     "TransientStoreError",
 ]
@@ -113,6 +115,11 @@ class LeaseLost(LeaseError):
 
 class StoreError(FencingError):
     """The store failed to carry out an operation."""
+
+
+class StoreClosed(StoreError):
+    """The store was closed; every call on it (and its collections, tables, leases) is
+    refused. Open a new store."""
 
 
 class TransientStoreError(StoreError):

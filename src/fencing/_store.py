@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from ._effects import Effect
-from ._errors import LeaseHeld, LeaseLost
+from ._errors import LeaseHeld, LeaseLost, StoreClosed
 from ._front import (
     LeaseBase,
     StoreOptions,
@@ -314,14 +314,28 @@ class Store:
     """A store opened by ``fencing.open(url)``; safe to share between threads."""
 
     def __init__(self, backend: Backend, url: str, options: StoreOptions) -> None:
-        self.backend = backend
+        self._backend = backend
+        self._closed = False
         self.url = url
         self.options = options
         self._lock = threading.Lock()
         self._fronts: dict[tuple[Any, ...], _Ops] = {}
 
     def __repr__(self) -> str:
-        return f"<fencing.Store {self.backend.scheme}>"
+        closed = " closed" if self._closed else ""
+        return f"<fencing.Store {self._backend.scheme}{closed}>"
+
+    @property
+    def backend(self) -> Backend:
+        """The store's backend; every call through it after ``close()`` is refused."""
+        if self._closed:
+            raise StoreClosed(f"this {self._backend.scheme} store is closed: open a new one")
+        return self._backend
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+        return self._closed
 
     def collection(self, name: str) -> Collection:
         """The collection ``name`` (created implicitly; records are created explicitly)."""
@@ -353,6 +367,7 @@ class Store:
         return front
 
     def _front(self, cls: type[Any], target: Target, declared: frozenset[str] | None = None) -> Any:
+        self.backend  # noqa: B018 - StoreClosed once closed
         with self._lock:
             front = self._fronts.get((cls, target, declared))
             if front is None:
@@ -405,6 +420,7 @@ class Store:
         on_lost: Callable[[Lease], Any] | None = None,
     ) -> LeaseContext:
         """``with store.lease(...) as lease:``; the lease is released on exit."""
+        self.backend  # noqa: B018 - StoreClosed once closed
         check_lease_args(name, owner, ttl)
         check_wait(wait)
         kwargs = {"name": name, "owner": owner, "ttl": ttl, "wait": wait}
@@ -452,7 +468,9 @@ class Store:
         return effects + self.backend.prune(age)
 
     def close(self) -> None:
-        self.backend.close()
+        """Close the store (idempotent); every later call on it raises ``StoreClosed``."""
+        self._closed = True
+        self._backend.close()
 
     def __enter__(self) -> Store:
         return self

@@ -163,6 +163,7 @@ from .._errors import (
     InvalidState,
     MissingDependency,
     SchemaError,
+    StoreClosed,
     StoreError,
     TransientStoreError,
 )
@@ -1415,7 +1416,7 @@ class AsyncMySQLBackend:
 
     async def _acquire(self) -> Any:
         if self._closed:
-            raise StoreError("mysql: this store is closed")
+            raise StoreClosed("mysql: this store is closed")
         try:
             async with asyncio.timeout(self.settings.pool_timeout):
                 conn = await self._pool.acquire()

@@ -106,6 +106,7 @@ from .._errors import (
     InvalidState,
     MissingDependency,
     SchemaError,
+    StoreClosed,
     StoreError,
     TransientStoreError,
 )
@@ -547,7 +548,7 @@ def translate(exc: Exception) -> FencingError:
     if isinstance(exc, UnicodeError):
         return InvalidInput(f"postgresql: text that cannot be encoded ({exc})")
     if isinstance(exc, PoolClosed):
-        return StoreError("postgresql: the store is closed")
+        return StoreClosed("postgresql: the store is closed")
     if state == "40P01":
         return _Deadlock(text)
     if isinstance(exc, PoolTimeout) or state in _TRANSIENT:
