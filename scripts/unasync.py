@@ -33,6 +33,7 @@ WORDS = [
     ("__aenter__", "__enter__"),
     ("__aexit__", "__exit__"),
     ("maybe_await", "passthrough"),
+    ("current_loop", "no_loop"),
     ("sleep_async", "sleep_sync"),
     ("adrive", "drive"),
 ]

@@ -57,6 +57,7 @@ PUBLIC = [
     "StoreError",
     "Table",
     "TransientStoreError",
+    "WrongEventLoop",
     "__version__",
     "open_async",
 ]
@@ -174,6 +175,7 @@ def test_every_error_derives_from_fencing_error() -> None:
     assert issubclass(fencing.LeaseLost, fencing.LeaseError)
     assert issubclass(fencing.TransientStoreError, fencing.StoreError)
     assert issubclass(fencing.StoreClosed, fencing.StoreError)
+    assert issubclass(fencing.WrongEventLoop, fencing.StoreError)
     assert issubclass(fencing.RecordNotFound, LookupError)
 
 

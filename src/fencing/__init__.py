@@ -27,6 +27,7 @@ from ._errors import (
     StoreClosed,
     StoreError,
     TransientStoreError,
+    WrongEventLoop,
 )
 from ._open import DEFAULT_RETENTION, open_async
 from ._open import open as open  # public, but not in __all__ (see below)
@@ -97,6 +98,7 @@ __all__ = [
     "StoreError",
     "Table",
     "TransientStoreError",
+    "WrongEventLoop",
     "__version__",
     "open_async",
 ]

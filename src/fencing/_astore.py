@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from ._effects import Effect
-from ._errors import LeaseHeld, LeaseLost, StoreClosed
+from ._errors import LeaseHeld, LeaseLost, StoreClosed, WrongEventLoop
 from ._front import (
     LeaseBase,
     StoreOptions,
@@ -46,7 +46,7 @@ from ._policy import (
     heartbeat_flow,
     settle_flow,
 )
-from ._runner import AsyncRunner, Stopped, maybe_await, sleep_async
+from ._runner import AsyncRunner, Stopped, current_loop, maybe_await, sleep_async
 from ._validate import check_column, check_name
 from ._values import Intent, Outcome, Record
 from .backends._contract import AsyncBackend, LeaseAnswer, Target
@@ -317,6 +317,7 @@ class AsyncStore:
     def __init__(self, backend: AsyncBackend, url: str, options: StoreOptions) -> None:
         self._backend = backend
         self._closed = False
+        self._loop = current_loop()  # the loop that opened it (None: a sync store)
         self.url = url
         self.options = options
         self._lock = threading.Lock()
@@ -328,10 +329,19 @@ class AsyncStore:
 
     @property
     def backend(self) -> AsyncBackend:
-        """The store's backend; every call through it after ``close()`` is refused."""
+        """The store's backend; refused after ``close()`` and, for an async store, from
+        any event loop but the one that opened it."""
+        self._check_open()
+        if self._loop is not None and current_loop() is not self._loop:
+            raise WrongEventLoop(
+                f"this async {self._backend.scheme} store belongs to the event loop that"
+                " opened it; open one store per event loop (await fencing.open_async in it)"
+            )
+        return self._backend
+
+    def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed(f"this {self._backend.scheme} store is closed: open a new one")
-        return self._backend
 
     @property
     def closed(self) -> bool:
@@ -368,7 +378,7 @@ class AsyncStore:
         return front
 
     def _front(self, cls: type[Any], target: Target, declared: frozenset[str] | None = None) -> Any:
-        self.backend  # noqa: B018 - StoreClosed once closed
+        self._check_open()
         with self._lock:
             front = self._fronts.get((cls, target, declared))
             if front is None:
@@ -421,7 +431,7 @@ class AsyncStore:
         on_lost: Callable[[AsyncLease], Any] | None = None,
     ) -> AsyncLeaseContext:
         """``with store.lease(...) as lease:``; the lease is released on exit."""
-        self.backend  # noqa: B018 - StoreClosed once closed
+        self._check_open()
         check_lease_args(name, owner, ttl)
         check_wait(wait)
         kwargs = {"name": name, "owner": owner, "ttl": ttl, "wait": wait}

@@ -20,6 +20,7 @@ store that could not be reached::
     │   └── LeaseLost                        renew/release by a holder that no longer holds it
     └── StoreError                           the store failed
         ├── StoreClosed                      the store was closed: every call refused
+        ├── WrongEventLoop                   an async store used outside the loop that opened it
         └── TransientStoreError              connection dropped, busy, timeout: the outcome
                                              is unknown; retry with the *same* intent and
                                              expect Duplicate if the first try landed
@@ -45,6 +46,7 @@ __all__ = [
     "StoreClosed",
     "StoreError",
     "TransientStoreError",
+    "WrongEventLoop",
 ]
 
 
@@ -120,6 +122,13 @@ class StoreError(FencingError):
 class StoreClosed(StoreError):
     """The store was closed; every call on it (and its collections, tables, leases) is
     refused. Open a new store."""
+
+
+class WrongEventLoop(StoreError):
+    """An async store was used from an event loop other than the one that opened it.
+
+    An async store (its pool and connections) belongs to the loop it was opened in:
+    open one store per event loop."""
 
 
 class TransientStoreError(StoreError):

@@ -13,7 +13,16 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["AsyncRunner", "ThreadRunner", "maybe_await", "passthrough", "sleep_async", "sleep_sync"]
+__all__ = [
+    "AsyncRunner",
+    "ThreadRunner",
+    "current_loop",
+    "maybe_await",
+    "no_loop",
+    "passthrough",
+    "sleep_async",
+    "sleep_sync",
+]
 
 T = TypeVar("T")
 
@@ -28,6 +37,19 @@ async def maybe_await(value: Any) -> Any:
 def passthrough(value: T) -> T:
     """The sync twin of ``maybe_await``."""
     return value
+
+
+def current_loop() -> asyncio.AbstractEventLoop | None:
+    """The running event loop (None outside one): an async store belongs to it."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def no_loop() -> None:
+    """The sync twin of ``current_loop``: a sync store belongs to no event loop."""
+    return
 
 
 def sleep_sync(seconds: float) -> None:

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from ._effects import Effect
-from ._errors import LeaseHeld, LeaseLost, StoreClosed
+from ._errors import LeaseHeld, LeaseLost, StoreClosed, WrongEventLoop
 from ._front import (
     LeaseBase,
     StoreOptions,
@@ -45,7 +45,7 @@ from ._policy import (
     heartbeat_flow,
     settle_flow,
 )
-from ._runner import Stopped, ThreadRunner, passthrough, sleep_sync
+from ._runner import Stopped, ThreadRunner, no_loop, passthrough, sleep_sync
 from ._validate import check_column, check_name
 from ._values import Intent, Outcome, Record
 from .backends._contract import Backend, LeaseAnswer, Target
@@ -316,6 +316,7 @@ class Store:
     def __init__(self, backend: Backend, url: str, options: StoreOptions) -> None:
         self._backend = backend
         self._closed = False
+        self._loop = no_loop()  # the loop that opened it (None: a sync store)
         self.url = url
         self.options = options
         self._lock = threading.Lock()
@@ -327,10 +328,19 @@ class Store:
 
     @property
     def backend(self) -> Backend:
-        """The store's backend; every call through it after ``close()`` is refused."""
+        """The store's backend; refused after ``close()`` and, for an async store, from
+        any event loop but the one that opened it."""
+        self._check_open()
+        if self._loop is not None and no_loop() is not self._loop:
+            raise WrongEventLoop(
+                f"this async {self._backend.scheme} store belongs to the event loop that"
+                " opened it; open one store per event loop (fencing.open in it)"
+            )
+        return self._backend
+
+    def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed(f"this {self._backend.scheme} store is closed: open a new one")
-        return self._backend
 
     @property
     def closed(self) -> bool:
@@ -367,7 +377,7 @@ class Store:
         return front
 
     def _front(self, cls: type[Any], target: Target, declared: frozenset[str] | None = None) -> Any:
-        self.backend  # noqa: B018 - StoreClosed once closed
+        self._check_open()
         with self._lock:
             front = self._fronts.get((cls, target, declared))
             if front is None:
@@ -420,7 +430,7 @@ class Store:
         on_lost: Callable[[Lease], Any] | None = None,
     ) -> LeaseContext:
         """``with store.lease(...) as lease:``; the lease is released on exit."""
-        self.backend  # noqa: B018 - StoreClosed once closed
+        self._check_open()
         check_lease_args(name, owner, ttl)
         check_wait(wait)
         kwargs = {"name": name, "owner": owner, "ttl": ttl, "wait": wait}

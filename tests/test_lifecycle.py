@@ -1,11 +1,14 @@
-"""Closed means closed: after ``close()`` every call on the store, its collections,
+"""A store's lifetime. Closed means closed: after ``close()`` every call on the store, its collections,
 tables and leases raises ``StoreClosed``, on every backend, sync and async; ``close()``
-itself stays idempotent."""
+itself stays idempotent. An async store belongs to the event loop that opened it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 import fencing
 
@@ -57,3 +60,25 @@ def test_every_call_after_close_raises_store_closed(store: Any) -> None:
             worked.append(name)
     assert worked == [], "these worked on a closed store"
     assert all("closed" in text for text in said)
+
+
+def test_an_async_store_belongs_to_the_loop_that_opened_it(store_url: str) -> None:
+    first = asyncio.new_event_loop()
+    try:
+        store = first.run_until_complete(fencing.open_async(store_url))
+        orders = store.collection("orders")  # a factory: no loop needed
+        first.run_until_complete(orders.create("o-1", {"status": "new"}))
+
+        async def elsewhere() -> Any:
+            return await orders.get("o-1")
+
+        with pytest.raises(fencing.WrongEventLoop, match="event loop that opened it"):
+            asyncio.run(elsewhere())
+        with pytest.raises(fencing.WrongEventLoop):
+            asyncio.run(store.migrate())
+        # still fine on its own loop
+        rec = first.run_until_complete(orders.get("o-1"))
+        assert rec is not None and rec.version == 1
+        first.run_until_complete(store.close())
+    finally:
+        first.close()
