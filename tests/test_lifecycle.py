@@ -1,6 +1,7 @@
-"""A store's lifetime. Closed means closed: after ``close()`` every call on the store, its collections,
-tables and leases raises ``StoreClosed``, on every backend, sync and async; ``close()``
-itself stays idempotent. An async store belongs to the event loop that opened it."""
+"""A store's lifetime. Closed means closed: after ``close()`` every call on the store,
+its collections, tables and leases raises ``StoreClosed``, on every backend, sync and
+async; ``close()`` itself stays idempotent. An async store belongs to the event loop
+that opened it."""
 
 from __future__ import annotations
 

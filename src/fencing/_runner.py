@@ -47,9 +47,9 @@ def current_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def no_loop() -> None:
+def no_loop() -> asyncio.AbstractEventLoop | None:
     """The sync twin of ``current_loop``: a sync store belongs to no event loop."""
-    return
+    return None  # noqa: RET501 - typed as its async twin
 
 
 def sleep_sync(seconds: float) -> None:
