@@ -49,7 +49,7 @@ def current_loop() -> asyncio.AbstractEventLoop | None:
 
 def no_loop() -> asyncio.AbstractEventLoop | None:
     """The sync twin of ``current_loop``: a sync store belongs to no event loop."""
-    return None  # noqa: RET501 - typed as its async twin
+    return None
 
 
 def sleep_sync(seconds: float) -> None:
