@@ -65,7 +65,7 @@ class _AsyncOps(TargetOps):
 
     @property
     def _backend(self) -> AsyncBackend:
-        return self._store.backend
+        return self._store._live()
 
     async def _ready(self) -> None:
         if self.target.kind == "table" and self._columns is None:
@@ -218,7 +218,7 @@ class AsyncLease(LeaseBase):
 
     async def renew(self, ttl: float | None = None) -> None:
         """Extend the lease by ``ttl`` (default: its TTL) from now, by the store's clock."""
-        answer = await self.store.backend.renew(self.name, self.token, self._renew_ttl(ttl))
+        answer = await self.store._live().renew(self.name, self.token, self._renew_ttl(ttl))
         if not self._after_renew(answer):
             raise LeaseLost(f"lease {self.name!r} token {self.token} is lost ({self.lost_reason})")
 
@@ -227,7 +227,7 @@ class AsyncLease(LeaseBase):
         await self.stop_heartbeat()
         if self.released:
             return
-        if not self._after_release(await self.store.backend.release(self.name, self.token)):
+        if not self._after_release(await self.store._live().release(self.name, self.token)):
             raise LeaseLost(f"lease {self.name!r} token {self.token} was already lost")
 
     def start_heartbeat(
@@ -286,7 +286,7 @@ class AsyncLease(LeaseBase):
         # Never raise over the body's own error; a lost lease shows as ``lease.lost``.
         await self.stop_heartbeat()
         if not self.released:
-            self._after_release(await self.store.backend.release(self.name, self.token))
+            self._after_release(await self.store._live().release(self.name, self.token))
 
 
 class AsyncLeaseContext:
@@ -315,7 +315,7 @@ class AsyncStore:
     """A store opened by ``fencing.open_async(url)``; share it between the tasks of its loop."""
 
     def __init__(self, backend: AsyncBackend, url: str, options: StoreOptions) -> None:
-        self._backend = backend
+        self.backend = backend
         self._closed = False
         self._loop = current_loop()  # the loop that opened it (None: a sync store)
         self.url = url
@@ -325,23 +325,22 @@ class AsyncStore:
 
     def __repr__(self) -> str:
         closed = " closed" if self._closed else ""
-        return f"<fencing.AsyncStore {self._backend.scheme}{closed}>"
+        return f"<fencing.AsyncStore {self.backend.scheme}{closed}>"
 
-    @property
-    def backend(self) -> AsyncBackend:
-        """The store's backend; refused after ``close()`` and, for an async store, from
-        any event loop but the one that opened it."""
+    def _live(self) -> AsyncBackend:
+        """The backend, for a call: refused after ``close()`` and, for an async store,
+        from any event loop but the one that opened it."""
         self._check_open()
         if self._loop is not None and current_loop() is not self._loop:
             raise WrongEventLoop(
-                f"this async {self._backend.scheme} store belongs to the event loop that"
+                f"this async {self.backend.scheme} store belongs to the event loop that"
                 " opened it; open one store per event loop (await fencing.open_async in it)"
             )
-        return self._backend
+        return self.backend
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreClosed(f"this {self._backend.scheme} store is closed: open a new one")
+            raise StoreClosed(f"this {self.backend.scheme} store is closed: open a new one")
 
     @property
     def closed(self) -> bool:
@@ -402,7 +401,7 @@ class AsyncStore:
 
         async def handle(step: Any) -> Any:
             if isinstance(step, Acquire):
-                return await self.backend.acquire(name, owner, ttl)
+                return await self._live().acquire(name, owner, ttl)
             return await sleep_async(step.seconds)
 
         answer: LeaseAnswer = await adrive(acquire_flow(wait), handle)
@@ -439,12 +438,12 @@ class AsyncStore:
 
     async def migrate(self) -> None:
         """Create or upgrade fencing's own tables (idempotent)."""
-        await self.backend.migrate()
+        await self._live().migrate()
 
     async def effects_to_reconcile(self, *, limit: int = 100) -> list[Effect]:
         """Effects of intents that ended stale, fenced, contended or missing, not yet
         marked reconciled; oldest first. ``fencing reconcile URL`` lists the same."""
-        return await self.backend.list_effects(reconcile_query(limit))
+        return await self._live().list_effects(reconcile_query(limit))
 
     async def pending_effects(
         self, *, older_than: float = 3600.0, limit: int = 100
@@ -454,18 +453,18 @@ class AsyncStore:
         redelivered, or failed while the store was unreachable). Oldest first; marking
         one reconciled takes it off this list too. Reads every effect: for a check, not
         a hot path."""
-        return await self.backend.list_effects(pending_query(older_than, limit))
+        return await self._live().list_effects(pending_query(older_than, limit))
 
     async def get_effect(self, idempotency_key: str) -> Effect | None:
         """One effect by its idempotency key, or None."""
-        found = await self.backend.list_effects(key_query(idempotency_key))
+        found = await self._live().list_effects(key_query(idempotency_key))
         return found[0] if found else None
 
     async def mark_reconciled(self, effect: Effect | str) -> Effect:
         """Mark an effect (or its idempotency key) reconciled. Idempotent: marking it
         again changes nothing and returns it; ``RecordNotFound`` if there is none."""
         key = effect_ref(effect)
-        return found_effect(await self.backend.mark_effect(key, None, None, True), key)
+        return found_effect(await self._live().mark_effect(key, None, None, True), key)
 
     async def prune(self, older_than: float | None = None) -> int:
         """Forget what is older than the retention horizon; returns how many rows.
@@ -477,13 +476,13 @@ class AsyncStore:
         """
         age = self.options.retention if older_than is None else older_than
         # effects first: whether one's work committed is told by its applied id
-        effects = await self.backend.prune_effects(age)
-        return effects + await self.backend.prune(age)
+        effects = await self._live().prune_effects(age)
+        return effects + await self._live().prune(age)
 
     async def close(self) -> None:
         """Close the store (idempotent); every later call on it raises ``StoreClosed``."""
         self._closed = True
-        await self._backend.close()
+        await self.backend.close()
 
     async def __aenter__(self) -> AsyncStore:
         return self

@@ -64,7 +64,7 @@ class _Ops(TargetOps):
 
     @property
     def _backend(self) -> Backend:
-        return self._store.backend
+        return self._store._live()
 
     def _ready(self) -> None:
         if self.target.kind == "table" and self._columns is None:
@@ -217,7 +217,7 @@ class Lease(LeaseBase):
 
     def renew(self, ttl: float | None = None) -> None:
         """Extend the lease by ``ttl`` (default: its TTL) from now, by the store's clock."""
-        answer = self.store.backend.renew(self.name, self.token, self._renew_ttl(ttl))
+        answer = self.store._live().renew(self.name, self.token, self._renew_ttl(ttl))
         if not self._after_renew(answer):
             raise LeaseLost(f"lease {self.name!r} token {self.token} is lost ({self.lost_reason})")
 
@@ -226,7 +226,7 @@ class Lease(LeaseBase):
         self.stop_heartbeat()
         if self.released:
             return
-        if not self._after_release(self.store.backend.release(self.name, self.token)):
+        if not self._after_release(self.store._live().release(self.name, self.token)):
             raise LeaseLost(f"lease {self.name!r} token {self.token} was already lost")
 
     def start_heartbeat(
@@ -285,7 +285,7 @@ class Lease(LeaseBase):
         # Never raise over the body's own error; a lost lease shows as ``lease.lost``.
         self.stop_heartbeat()
         if not self.released:
-            self._after_release(self.store.backend.release(self.name, self.token))
+            self._after_release(self.store._live().release(self.name, self.token))
 
 
 class LeaseContext:
@@ -314,7 +314,7 @@ class Store:
     """A store opened by ``fencing.open(url)``; safe to share between threads."""
 
     def __init__(self, backend: Backend, url: str, options: StoreOptions) -> None:
-        self._backend = backend
+        self.backend = backend
         self._closed = False
         self._loop = no_loop()  # the loop that opened it (None: a sync store)
         self.url = url
@@ -324,23 +324,22 @@ class Store:
 
     def __repr__(self) -> str:
         closed = " closed" if self._closed else ""
-        return f"<fencing.Store {self._backend.scheme}{closed}>"
+        return f"<fencing.Store {self.backend.scheme}{closed}>"
 
-    @property
-    def backend(self) -> Backend:
-        """The store's backend; refused after ``close()`` and, for an async store, from
-        any event loop but the one that opened it."""
+    def _live(self) -> Backend:
+        """The backend, for a call: refused after ``close()`` and, for an async store,
+        from any event loop but the one that opened it."""
         self._check_open()
         if self._loop is not None and no_loop() is not self._loop:
             raise WrongEventLoop(
-                f"this async {self._backend.scheme} store belongs to the event loop that"
+                f"this async {self.backend.scheme} store belongs to the event loop that"
                 " opened it; open one store per event loop (fencing.open in it)"
             )
-        return self._backend
+        return self.backend
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreClosed(f"this {self._backend.scheme} store is closed: open a new one")
+            raise StoreClosed(f"this {self.backend.scheme} store is closed: open a new one")
 
     @property
     def closed(self) -> bool:
@@ -401,7 +400,7 @@ class Store:
 
         def handle(step: Any) -> Any:
             if isinstance(step, Acquire):
-                return self.backend.acquire(name, owner, ttl)
+                return self._live().acquire(name, owner, ttl)
             return sleep_sync(step.seconds)
 
         answer: LeaseAnswer = drive(acquire_flow(wait), handle)
@@ -438,12 +437,12 @@ class Store:
 
     def migrate(self) -> None:
         """Create or upgrade fencing's own tables (idempotent)."""
-        self.backend.migrate()
+        self._live().migrate()
 
     def effects_to_reconcile(self, *, limit: int = 100) -> list[Effect]:
         """Effects of intents that ended stale, fenced, contended or missing, not yet
         marked reconciled; oldest first. ``fencing reconcile URL`` lists the same."""
-        return self.backend.list_effects(reconcile_query(limit))
+        return self._live().list_effects(reconcile_query(limit))
 
     def pending_effects(self, *, older_than: float = 3600.0, limit: int = 100) -> list[Effect]:
         """Effects whose work has neither committed nor ended, untouched for ``older_than``
@@ -451,18 +450,18 @@ class Store:
         redelivered, or failed while the store was unreachable). Oldest first; marking
         one reconciled takes it off this list too. Reads every effect: for a check, not
         a hot path."""
-        return self.backend.list_effects(pending_query(older_than, limit))
+        return self._live().list_effects(pending_query(older_than, limit))
 
     def get_effect(self, idempotency_key: str) -> Effect | None:
         """One effect by its idempotency key, or None."""
-        found = self.backend.list_effects(key_query(idempotency_key))
+        found = self._live().list_effects(key_query(idempotency_key))
         return found[0] if found else None
 
     def mark_reconciled(self, effect: Effect | str) -> Effect:
         """Mark an effect (or its idempotency key) reconciled. Idempotent: marking it
         again changes nothing and returns it; ``RecordNotFound`` if there is none."""
         key = effect_ref(effect)
-        return found_effect(self.backend.mark_effect(key, None, None, True), key)
+        return found_effect(self._live().mark_effect(key, None, None, True), key)
 
     def prune(self, older_than: float | None = None) -> int:
         """Forget what is older than the retention horizon; returns how many rows.
@@ -474,13 +473,13 @@ class Store:
         """
         age = self.options.retention if older_than is None else older_than
         # effects first: whether one's work committed is told by its applied id
-        effects = self.backend.prune_effects(age)
-        return effects + self.backend.prune(age)
+        effects = self._live().prune_effects(age)
+        return effects + self._live().prune(age)
 
     def close(self) -> None:
         """Close the store (idempotent); every later call on it raises ``StoreClosed``."""
         self._closed = True
-        self._backend.close()
+        self.backend.close()
 
     def __enter__(self) -> Store:
         return self

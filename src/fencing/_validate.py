@@ -136,9 +136,16 @@ _CONTAINERS = (dict, list, tuple)
 def _check_nested_keys(state: Mapping[str, Any]) -> None:
     # json would turn a nested 1, None or True key into "1", "null", "true" silently.
     # Runs after encoding succeeded, so the structure is known to be acyclic.
+    # A tuple is refused: JSON would store it as a list, while the caller's Committed
+    # record would still hold the tuple, so the two would disagree.
     stack = [v for v in state.values() if isinstance(v, _CONTAINERS)]
     while stack:
         value = stack.pop()
+        if isinstance(value, tuple):
+            raise InvalidState(
+                f"state holds a tuple {_short(value)}: use a list (JSON has no tuples,"
+                " and the record would read back a list)"
+            )
         if isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):
@@ -147,6 +154,11 @@ def _check_nested_keys(state: Mapping[str, Any]) -> None:
                     stack.append(item)
         else:
             stack.extend(item for item in value if isinstance(item, _CONTAINERS))
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_guard(guard: object) -> dict[str, Any] | None:

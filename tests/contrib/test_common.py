@@ -329,7 +329,7 @@ class LostReply:
 def test_a_retry_after_a_landed_commit_reports_duplicate(store: fencing.Store) -> None:
     orders = store.collection("orders")
     record = orders.create("o-1", {"status": "packed"})
-    store._backend = LostReply(store._backend)  # type: ignore[assignment]
+    store.backend = LostReply(store.backend)  # type: ignore[assignment]
     spec = task(orders)
     payload = spec.encode(record, "ship")
     assert spec.run(payload).action is Action.RETRY  # unknown outcome: retry the same payload
