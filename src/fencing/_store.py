@@ -163,12 +163,18 @@ class _Ops(TargetOps):
         return self._backend.record_effect(self._new_effect(intent, name, detail))
 
     def effect_done(self, effect: Effect, *, detail: Any = None) -> Effect:
-        """Mark a recorded effect as made (``detail``: e.g. the provider's reference)."""
+        """Mark a recorded effect as made (``detail``: e.g. the provider's reference).
+
+        A ``detail`` given here *replaces* the one recorded by ``effect()`` (it is not
+        merged: a detail is any JSON value); pass ``{**effect.detail, ...}`` to keep both.
+        Without ``detail`` (None) the recorded detail is kept.
+        """
         key, text = self._effect_change(effect, detail)
         return found_effect(self._backend.mark_effect(key, "done", text, False), key)
 
     def effect_failed(self, effect: Effect, *, detail: Any = None) -> Effect:
-        """Mark a recorded effect as failed (it did not happen)."""
+        """Mark a recorded effect as failed (it did not happen); ``detail`` as for
+        ``effect_done``: given, it replaces the recorded detail; None keeps it."""
         key, text = self._effect_change(effect, detail)
         return found_effect(self._backend.mark_effect(key, "failed", text, False), key)
 
