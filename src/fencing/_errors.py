@@ -10,7 +10,8 @@ store that could not be reached::
     │   ├── InvalidState                     state not a JSON object, not JSON, oversize
     │   ├── InvalidIdentifier                unsafe collection, lease, table or column name
     │   └── InvalidLeaseRequest              non-positive or absurd TTL, bad owner
-    ├── ConfigurationError                   unknown URL scheme, bad URL option
+    ├── ConfigurationError                   unknown URL scheme, bad URL option, a database
+    │   │                                    or credentials the server refuses (not retried)
     │   └── MissingDependency (ImportError)  a backend's driver is not installed
     ├── SchemaError                          guarded table or column missing, schema too new
     ├── AlreadyExists                        create() on a key that is present

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlsplit
@@ -14,7 +15,7 @@ from ._store import Store
 from ._validate import DEFAULT_MAX_STATE_BYTES
 from .backends._contract import AsyncBackend, Backend
 
-__all__ = ["DEFAULT_RETENTION", "StoreURL", "open", "open_async"]
+__all__ = ["DEFAULT_RETENTION", "StoreURL", "open", "open_async", "redact_url"]
 
 #: How long applied intent ids are kept for ``Duplicate`` detection (30 days).
 #: After that a replayed intent is still refused, as ``Stale``: its version moved on.
@@ -33,28 +34,57 @@ _BACKENDS: Final = {
 }
 
 
+# query parameters whose values are secrets (libpq takes ``?password=`` and ``sslpassword``)
+_SECRET_PARAM = re.compile(
+    r"([?&;](?:[a-z_]*pass(?:word|wd)?|secret|token|sslkey)=)[^&;#]*", re.IGNORECASE
+)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]{0,31}")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password (in its user info or its query) replaced by ``***``.
+
+    Works on malformed URLs too: everything between the user name and the *last* ``@``
+    is taken as the password, so a password holding ``@``, ``/`` or ``:`` is hidden whole.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<a store URL without scheme://>"
+    if scheme.lower() in ("sqlite", "memory"):
+        return _SECRET_PARAM.sub(r"\1***", url)
+    at = rest.rfind("@")
+    if at >= 0:
+        user, colon, _ = rest[:at].partition(":")
+        rest = f"{user}{':***' if colon else ''}@{rest[at + 1 :]}"
+    return _SECRET_PARAM.sub(r"\1***", f"{scheme}://{rest}")
+
+
 @dataclass(frozen=True)
 class StoreURL:
-    """A parsed store URL; ``options`` are its query parameters."""
+    """A parsed store URL; ``options`` are its query parameters. Its repr hides secrets."""
 
-    raw: str
+    raw: str = field(repr=False)
     scheme: str
     host: str | None
     port: int | None
     username: str | None
-    password: str | None
+    password: str | None = field(repr=False)
     path: str
-    options: dict[str, str] = field(default_factory=dict)
+    options: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def parse(cls, url: object) -> StoreURL:
-        if not isinstance(url, str) or "://" not in url:
-            raise ConfigurationError(f"store URL {url!r} must look like scheme://...")
+        # Never echo the URL as given: it may hold a password. ``redact_url`` only.
+        if not isinstance(url, str):
+            raise ConfigurationError(f"a store URL is a string, not {type(url).__name__}")
+        if "://" not in url:
+            raise ConfigurationError("a store URL must look like scheme://...")
         scheme, rest = url.split("://", 1)
         scheme = scheme.lower()
         if scheme not in _BACKENDS:
             known = ", ".join(sorted(_BACKENDS))
-            raise ConfigurationError(f"unknown store URL scheme {scheme!r}; known: {known}")
+            shown = repr(scheme) if _SCHEME.fullmatch(scheme) else "(not a scheme)"
+            raise ConfigurationError(f"unknown store URL scheme {shown}; known: {known}")
         if scheme == "sqlite":
             path, _, query = rest.partition("?")
             if path.startswith("/"):
@@ -67,8 +97,11 @@ class StoreURL:
         try:
             parts = urlsplit(url)
             port = parts.port
-        except ValueError as exc:
-            raise ConfigurationError(f"store URL {url!r} is malformed: {exc}") from exc
+        except ValueError:
+            port = -1
+        if port == -1:  # raised outside the handler: the parser's message (which may
+            # quote part of the password) is neither the cause nor the context
+            raise ConfigurationError(f"store URL {redact_url(url)!r} is malformed")
         return cls(
             url,
             scheme,
@@ -84,16 +117,18 @@ class StoreURL:
         return self.options.get(name, default)
 
     def redacted(self) -> str:
-        if self.password:
-            return self.raw.replace(f":{self.password}@", ":***@")
-        return self.raw
+        """The URL with its password (user info or query) shown as ``***``."""
+        return redact_url(self.raw)
 
 
 def _options(query: str) -> dict[str, str]:
     try:
         return dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
-    except ValueError as exc:
-        raise ConfigurationError(f"store URL query {query!r} is malformed") from exc
+    except ValueError:
+        pass
+    # outside the handler: the parser's message would quote the query (secrets too)
+    shown = _SECRET_PARAM.sub(r"\1***", "?" + query)
+    raise ConfigurationError(f"store URL query {shown!r} is malformed")
 
 
 def _module(scheme: str) -> Any:

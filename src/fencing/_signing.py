@@ -44,14 +44,21 @@ class Signer:
             raise ConfigurationError("a Signer needs at least one key")
         for kid, secret in keys.items():
             if not isinstance(kid, str) or _KID.fullmatch(kid) is None:
-                raise ConfigurationError(f"key id {kid!r} must be 1-32 of letters, digits, _ -")
+                # not echoed: a swapped {secret: id} mapping would print the secret
+                raise ConfigurationError(
+                    "key ids must be strings of 1-32 letters, digits, _ or -"
+                    f" (one is a {type(kid).__name__}; keys maps key id -> secret bytes)"
+                )
             if not isinstance(secret, bytes) or len(secret) < _MIN_KEY_BYTES:
                 raise ConfigurationError(
                     f"key {kid!r} must be at least {_MIN_KEY_BYTES} bytes"
                     " (use secrets.token_bytes(32))"
                 )
         if current not in keys:
-            raise ConfigurationError(f"current key {current!r} is not among the keys")
+            # not echoed: a secret passed as ``current`` by mistake would be printed
+            raise ConfigurationError(
+                f"current must be one of the key ids {sorted(keys)}; it is not"
+            )
         self._keys = dict(keys)
         self._current = current
 

@@ -142,7 +142,7 @@ import time
 import weakref
 from collections.abc import Callable, Generator, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import unquote
 
@@ -407,6 +407,15 @@ _EFFECT_SETTLED: Final = (
 )
 
 # Errors: the driver's error numbers (server and client) fencing treats as transient.
+# The server refused what the URL says: retrying cannot fix it.
+_CONFIGURATION: Final = frozenset(
+    {
+        1044,  # access denied for user to database
+        1045,  # access denied (user or password)
+        1049,  # unknown database
+        1698,  # access denied (auth plugin, e.g. unix_socket)
+    }
+)
 _TRANSIENT: Final = frozenset(
     {
         1040,  # too many connections
@@ -1017,6 +1026,8 @@ def _translate(exc: BaseException, batch: Batch | None) -> FencingError:
         return InvalidInput(f"mysql: a value cannot be sent as UTF-8 ({exc})")
     if code == 1062 and batch is not None and batch.duplicate is not None:
         return AlreadyExists(batch.duplicate)
+    if code in _CONFIGURATION:
+        return ConfigurationError(f"{text} (the URL's database or credentials)")
     pymysql = _import("pymysql")
     if code in _TRANSIENT or isinstance(exc, OSError | pymysql.err.InterfaceError):
         return TransientStoreError(text)
@@ -1052,7 +1063,7 @@ class Settings:
     host: str
     port: int
     user: str | None
-    password: str
+    password: str = field(repr=False)
     database: str
     unix_socket: str | None = None
     pool_size: int = 5

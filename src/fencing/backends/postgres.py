@@ -535,6 +535,15 @@ _DISCONNECTED: Final = frozenset({"57P01", "57P02", "57P03"})
 _UNDEFINED: Final = frozenset({"42P01", "42703", "3F000"})
 _UNSTORABLE: Final = frozenset({"22P05", "22021"})  # jsonb: \u0000, bad encoding
 
+# A connection refused by the server for what the URL says (no such database, role or
+# password; no pg_hba.conf entry) is a configuration error: retrying cannot fix it.
+# libpq reports these on connect without a SQLSTATE, so its FATAL text is matched too.
+_CONFIG_STATES: Final = frozenset({"3D000", "28P01", "28000"})
+_CONFIG_TEXT: Final = re.compile(
+    r"FATAL:\s+(database \S.* does not exist|role \S.* does not exist"
+    r"|password authentication failed|no pg_hba\.conf entry|.*authentication failed)"
+)
+
 
 def translate(exc: Exception) -> FencingError:
     """The fencing error for a driver error (``raise translate(exc) from exc``)."""
@@ -551,6 +560,8 @@ def translate(exc: Exception) -> FencingError:
         return StoreClosed("postgresql: the store is closed")
     if state == "40P01":
         return _Deadlock(text)
+    if state in _CONFIG_STATES:
+        return ConfigurationError(f"{text} (the URL's database or credentials)")
     if isinstance(exc, PoolTimeout) or state in _TRANSIENT:
         return TransientStoreError(text)
     if isinstance(exc, psycopg.OperationalError):
@@ -939,9 +950,10 @@ def prune_flow(older_than: float) -> Flow[int]:
 # -- configuration ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Config:
-    """What ``open_backend`` understood of a URL and its options."""
+    """What ``open_backend`` understood of a URL and its options (its repr hides the
+    conninfo, which holds the password)."""
 
-    conninfo: str
+    conninfo: str = field(repr=False)
     where: str
     schema: str | None = None
     min_size: int = 1
@@ -1012,8 +1024,15 @@ def config_from_url(url: StoreURL, options: Mapping[str, Any]) -> Config:
     return Config(conninfo, where, schema, min_size, max_size, pool_timeout, connect_kwargs)
 
 
-def _unreachable(config: Config, exc: psycopg.Error) -> TransientStoreError:
-    return TransientStoreError(f"postgresql: cannot connect to {config.where}: {exc}")
+def _unreachable(config: Config, exc: psycopg.Error) -> FencingError:
+    """The error for a failed connect: ``ConfigurationError`` if the server refused the
+    URL's database or credentials, else ``TransientStoreError`` (a server that is down)."""
+    text = str(exc)
+    if exc.sqlstate in _CONFIG_STATES or _CONFIG_TEXT.search(text):
+        return ConfigurationError(
+            f"postgresql: {config.where} refused the URL's database or credentials: {text}"
+        )
+    return TransientStoreError(f"postgresql: cannot connect to {config.where}: {text}")
 
 
 # -- the drivers: they only execute ------------------------------------------------------
@@ -1070,10 +1089,15 @@ class PostgresBackend(PostgresEffects, _Base):
 
     def connect(self) -> None:
         """Check that the server answers (with its own error if not), then open the pool."""
+        error: FencingError | None = None
         try:
             psycopg.connect(self.config.conninfo, autocommit=True).close()
         except psycopg.Error as exc:
-            raise _unreachable(self.config, exc) from exc
+            error = _unreachable(self.config, exc)
+        if error is not None:
+            # raised outside the handler, so not chained: the driver's error holds the
+            # connection's conninfo, password included
+            raise error
         _ = self.pool
 
     def _run(self, step: Step) -> Answer | list[Answer]:
@@ -1169,11 +1193,14 @@ class AsyncPostgresBackend(AsyncPostgresEffects, _Base):
 
     async def connect(self) -> None:
         """Check that the server answers (with its own error if not), then open the pool."""
+        error: FencingError | None = None
         try:
             conn = await psycopg.AsyncConnection.connect(self.config.conninfo, autocommit=True)
             await conn.close()
         except psycopg.Error as exc:
-            raise _unreachable(self.config, exc) from exc
+            error = _unreachable(self.config, exc)
+        if error is not None:
+            raise error  # not chained: see the sync connect()
         await self.pool.open(wait=False)
 
     async def _run(self, step: Step) -> Answer | list[Answer]:

@@ -1085,7 +1085,8 @@ def translate(exc: BaseException) -> FencingError:
 
     text = f"redis: {exc}"
     if isinstance(exc, rx.AuthenticationError | rx.AuthorizationError):
-        return StoreError(text)
+        # refused credentials or ACL: retrying cannot fix it
+        return ConfigurationError(f"{text} (the URL's credentials or the user's ACL)")
     if isinstance(
         exc,
         rx.ConnectionError
