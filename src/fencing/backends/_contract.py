@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from .._effects import Effect, EffectQuery, NewEffect
+from .._errors import SchemaError
 from .._rules import LeaseRef, LeaseRow, Status
 from .._validate import compact_json
 from .._values import Intent, Kind, Record
@@ -39,9 +40,28 @@ __all__ = [
     "LeaseAnswer",
     "Target",
     "ThreadedAsyncBackend",
+    "table_version",
 ]
 
 T = TypeVar("T")
+
+
+def table_version(value: Any, target: Target, key: object) -> int:
+    """A guarded table row's version as read: ``SchemaError`` if it is NULL (or not an
+    integer), which a guarded table's version column must never hold."""
+    if value is None or isinstance(value, bool):
+        raise SchemaError(
+            f"table {target.name!r} row {key!r} has NULL in its version column"
+            f" {target.version_column!r}: a guarded table's version column must be an"
+            " integer, NOT NULL (fencing migrate URL --guard-table adds the guard)"
+        )
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise SchemaError(
+            f"table {target.name!r} row {key!r} has a non-integer version in column"
+            f" {target.version_column!r}"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, pending,
 from .._errors import AlreadyExists, ConfigurationError, SchemaError
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._values import Record
-from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
+from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 
 __all__ = ["MemoryBackend"]
 
@@ -100,7 +100,7 @@ class MemoryBackend:
         return Record(
             target.name,
             key,
-            int(row[vcol]) if vcol else 0,
+            table_version(row[vcol], target, key) if vcol else 0,
             self._fences.get((target.scope, key), 0),
             state,
             "table",

@@ -169,7 +169,15 @@ from .._errors import (
 )
 from .._rules import LeaseRow, Status, judge
 from .._values import Record
-from ._contract import AsyncBackend, Backend, CommitRequest, CommitResult, LeaseAnswer, Target
+from ._contract import (
+    AsyncBackend,
+    Backend,
+    CommitRequest,
+    CommitResult,
+    LeaseAnswer,
+    Target,
+    table_version,
+)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -521,7 +529,7 @@ def _table_record(
 ) -> Record:
     values = dict(zip(names, row, strict=True))
     vcol = target.version_column
-    version = int(values.pop(vcol)) if vcol else 0
+    version = table_version(values.pop(vcol), target, key) if vcol else 0
     values.pop(target.key_column, None)
     return Record(target.name, key, version, int(fence or 0), values, "table")
 

@@ -114,7 +114,7 @@ from .._policy import adrive, drive
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._validate import check_column
 from .._values import Record
-from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
+from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 from ._postgres_effects import AsyncPostgresEffects, PostgresEffects, effects_ddl
 
 try:
@@ -722,7 +722,7 @@ def _record(target: Target, key: str | int, found: Answer, row: Sequence[Any]) -
     if values.pop(target.key_column, None) is None:
         return None
     vcol = target.version_column
-    version = int(values.pop(vcol)) if vcol is not None else 0
+    version = table_version(values.pop(vcol), target, key) if vcol is not None else 0
     return Record(target.name, key, version, fence, values, "table")
 
 

@@ -619,7 +619,9 @@ def _table_record(
         # read path: the client checks the version field as the scripts do
         text = fields.get(vcol)
         if text is None or _INTEGER.fullmatch(text) is None:
-            raise SchemaError(f"table row {target.name}:{key} has no integer {vcol} field")
+            raise SchemaError(
+                f"table row {target.name}:{key} has no integer {vcol} field (NULL or missing)"
+            )
         version = text
     fields.pop(target.key_column, None)
     if vcol is not None:

@@ -42,7 +42,7 @@ from .._errors import (
 )
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._values import Record
-from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
+from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 
 __all__ = ["SCHEMA_VERSION", "SQLiteBackend"]
 
@@ -354,7 +354,7 @@ class SQLiteBackend:
     ) -> Record:
         values = dict(zip([d[0] for d in description], row, strict=True))
         vcol = target.version_column
-        version = int(values.pop(vcol)) if vcol else 0
+        version = table_version(values.pop(vcol), target, key) if vcol else 0
         values.pop(target.key_column, None)
         # ``values`` is ours alone: hand it over read-only, without Record copying it.
         return Record(target.name, key, version, fence, MappingProxyType(values), "table")
@@ -540,7 +540,7 @@ class SQLiteBackend:
             values = dict(zip([d[0] for d in cur.description[:-1]], row))  # noqa: B905
             fence = row[-1] or 0
             vcol = target.version_column
-            version = int(values.pop(vcol)) if vcol else 0
+            version = table_version(values.pop(vcol), target, key) if vcol else 0
             values.pop(target.key_column, None)
             record = Record(target.name, key, version, fence, MappingProxyType(values), "table")
             return CommitResult(Status.APPLIED, record)

@@ -75,7 +75,7 @@ local function judge()
       version = fields[vfield]
       if not version or not canonical(version) then
         return 'error', redis.error_reply('FENCING_SCHEMA table row ' .. KEYS[1]
-          .. ' has no integer ' .. vfield .. ' field')
+          .. ' has no integer ' .. vfield .. ' field (NULL or missing)')
       end
       fields[vfield] = nil
     end
