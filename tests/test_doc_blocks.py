@@ -103,9 +103,7 @@ class Services:
         """The documented addresses, mapped to the local services."""
         if PG_DOC_URL in code:
             code = code.replace(PG_DOC_URL, self.pg())
-        return re.sub(
-            r"redis://localhost:6379/(\d)", lambda m: self.redis_url(m.group(1)), code
-        )
+        return re.sub(r"redis://localhost:6379/(\d)", lambda m: self.redis_url(m.group(1)), code)
 
     def store(self) -> fencing.Store:
         store = fencing.open(self.pg())
