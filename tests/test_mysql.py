@@ -546,7 +546,7 @@ def test_bad_urls_and_options(mysql_url: str, api: str, loop: Loop) -> None:
         open_(mysql_url + "?pool_sise=3")
     with pytest.raises(fencing.ConfigurationError, match="pool_size"):
         open_(mysql_url, pool_size=0)
-    with pytest.raises(fencing.StoreError, match="1049"):
+    with pytest.raises(fencing.ConfigurationError, match="1049"):  # not retried forever
         open_(f"mysql://root@{mysql_case.HOST}:{mysql_case.PORT}/fencing_no_such_db")
     with pytest.raises(fencing.TransientStoreError):
         open_("mysql://root@127.0.0.1:1/test?connect_timeout=1")
