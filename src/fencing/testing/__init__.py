@@ -14,11 +14,31 @@
 The history format is described in ``fencing.testing._history``; what the checker
 reports in ``fencing.testing._checker``. ``fencing check HISTORY.jsonl`` runs the
 checker from the command line.
+
+Linearizability: record every store operation with its invocation and response
+times (``Operation``, written as ``lin`` events by ``lin_event``), then judge the
+history against the sequential model of a versioned record store::
+
+    report = check_linearizable(operations)     # or read_lin_file("ops.jsonl")
+    assert report.ok, report.summary()          # ok: True, False, or None (budget)
+
+The format and the search are described in ``fencing.testing._linear``; the model
+in ``fencing.testing._linear_model``.
 """
 
 from __future__ import annotations
 
 from ._checker import ANOMALY_KINDS, LABELS, Anomaly, Report, check_file, check_history, iter_file
+from ._linear import (
+    DEFAULT_BUDGET,
+    LinReport,
+    PartitionResult,
+    check_linearizable,
+    lin_event,
+    read_lin_file,
+    write_lin,
+)
+from ._linear_model import Operation
 from ._history import (
     LEASE_ACTIONS,
     OUTCOMES,
@@ -34,6 +54,7 @@ from ._history import (
 
 __all__ = [
     "ANOMALY_KINDS",
+    "DEFAULT_BUDGET",
     "LABELS",
     "LEASE_ACTIONS",
     "OUTCOMES",
@@ -41,13 +62,20 @@ __all__ = [
     "EventSink",
     "HistoryError",
     "HistoryWriter",
+    "LinReport",
     "MemoryHistory",
+    "Operation",
+    "PartitionResult",
     "Recorder",
     "Report",
     "check_file",
     "check_history",
+    "check_linearizable",
     "final_event",
     "iter_file",
+    "lin_event",
     "outcome_event",
+    "read_lin_file",
     "write_final",
+    "write_lin",
 ]

@@ -71,6 +71,7 @@ __all__ = [
     "check_linearizable",
     "lin_event",
     "read_lin_file",
+    "write_lin",
 ]
 
 #: Search nodes allowed per partition before the answer is "unknown".
