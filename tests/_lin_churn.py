@@ -51,17 +51,18 @@ def count(backend: str, *, histories: int = 0, ops: int = 0, unknown: int = 0, k
 
 @dataclass
 class Config:
-    ops: int = 40  # plan steps per worker (a step may record several operations)
-    keys: int = 3  # hot keys of the collection
+    ops: int = 60  # plan steps per worker (a step may record several operations)
+    keys: int = 4  # hot keys of the collection (batches join k0 with k1, k2 with k3)
     rows: int = 2  # rows of the guarded table (0: no table)
-    leases: int = 2
     batch_atomic: bool = True  # False on Redis: a batch's items are separate operations
     cross_key: bool = False  # also commit one intent id to two keys
     seed: int = 0
+    text_columns: bool = False  # Redis keeps a table's values as text: "0", not 0
 
 
 def table_rows(config: Config) -> list[dict[str, Any]]:
-    return [{"id": i, "status": "new", "total": 0, "note": "n"} for i in range(1, config.rows + 1)]
+    total = "0" if config.text_columns else 0
+    return [{"id": i, "status": "new", "total": total, "note": "n"} for i in range(1, config.rows + 1)]
 
 
 def init_events(config: Config) -> list[dict[str, Any]]:
@@ -342,7 +343,8 @@ def plan(config: Config, worker: str) -> Generator[Call, Any, None]:
                 again = Intent(intent.id, COLLECTION, other, _version(seen, rng), "churn")
                 yield Call("commit", intent=again, state=body)
         elif r < 0.72:
-            a, b = rng.sample(keys, 2)
+            pair = rng.randrange(len(keys) // 2)
+            a, b = keys[2 * pair], keys[2 * pair + 1]
             fa = yield Call("get", key=a)
             fb = yield Call("get", key=b)
             items = [
@@ -358,12 +360,13 @@ def plan(config: Config, worker: str) -> Generator[Call, Any, None]:
             guard = {"status": found["state"]["status"]}
             expected = _version(found, rng)
             intent = _intent("table", row, expected, guard)
-            body = {"status": f"s{rng.randint(0, 3)}", "total": uid}
+            body = {"status": f"s{rng.randint(0, 3)}", "note": f"{worker}-{uid}"}
+            uid += 1
             answer = yield Call("commit", intent=intent, state=body)
             if answer is UNKNOWN:
                 yield Call("commit", intent=intent, state=body)
         else:
-            name = f"L{rng.randrange(config.leases)}"
+            name = f"{COLLECTION}/{key}"  # the record's own lease (one hash slot on Cluster)
             got = yield Call("acquire", lease=name, ttl=rng.choice([0.002, 0.02, 0.2]))
             if got is UNKNOWN or got == "held":
                 continue

@@ -15,20 +15,20 @@ from urllib.parse import urlsplit
 
 from . import _lin_churn
 
-SERVER = {"postgresql", "mysql", "redis"}
+SERVER = {"postgresql", "mysql", "redis", "redis-cluster"}
 
 
 def url_with_name(backend: str, url: str, name: str) -> str:
     """The store URL with a connection name the killer can find."""
     if backend == "postgresql":
         return url + f"&application_name={name}"
-    if backend == "redis":
+    if backend.startswith("redis"):
         return url + f"&client_name={name}"
     return url
 
 
 class Killer:
-    """A side thread that kills one of the store's connections every 20-120 ms."""
+    """A side thread that kills one of the store's connections every 5-50 ms."""
 
     def __init__(self, backend: str, url: str, name: str, seed: int = 0) -> None:
         self.backend = backend
@@ -55,10 +55,15 @@ class Killer:
 
     def _run(self) -> None:
         try:
-            make = {"postgresql": self._pg, "mysql": self._mysql, "redis": self._redis}
+            make = {
+                "postgresql": self._pg,
+                "mysql": self._mysql,
+                "redis": self._redis,
+                "redis-cluster": self._redis,
+            }
             kill, conn = make[self.backend]()
             try:
-                while not self._stop.wait(self._rng.uniform(0.02, 0.12)):
+                while not self._stop.wait(self._rng.uniform(0.005, 0.05)):
                     self.kills += kill()
             finally:
                 conn.close()
@@ -108,14 +113,21 @@ class Killer:
     def _redis(self) -> Any:
         import redis
 
-        from .backends_redis import HOST, PORT
+        from .backends_redis import CLUSTER_PORT, HOST, PORT
 
-        conn = client = redis.Redis(host=HOST, port=PORT)
+        ports = [PORT] if self.backend == "redis" else [CLUSTER_PORT + i for i in range(3)]
+        clients = [redis.Redis(host=HOST, port=port) for port in ports]
 
         def kill() -> int:
+            client = self._rng.choice(clients)  # a Cluster: one of its primaries
             ids = [c["id"] for c in client.client_list() if c.get("name") == self.name]
             if not ids:
                 return 0
             return int(client.client_kill_filter(_id=self._rng.choice(ids)))
 
-        return kill, conn
+        class Closer:
+            def close(self) -> None:
+                for client in clients:
+                    client.close()
+
+        return kill, Closer()

@@ -104,3 +104,17 @@ def pg() -> Iterator[Any]:
     setup = new_setup(max_size="4")
     yield setup
     cleanup(setup.url)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Per backend: the histories and operations the linearizability tests judged."""
+    from ._lin_churn import STATS
+
+    if not STATS:
+        return
+    terminalreporter.section("linearizability")
+    for backend, row in sorted(STATS.items()):
+        terminalreporter.write_line(
+            f"{backend}: {row['histories']} histories, {row['operations']} operations judged"
+            f" ({row['unknown']} with unknown outcome, {row['kills']} connections killed)"
+        )

@@ -41,8 +41,8 @@ JOIN = 300.0  # a bound on waiting for workers, never a timing assertion
 
 
 def _config(backend: str, **changes: Any) -> Config:
-    atomic = not backend.startswith("redis")  # Redis batches are documented as not atomic
-    return Config(batch_atomic=atomic, **changes)
+    redis = backend.startswith("redis")  # Redis batches are documented as not atomic
+    return Config(batch_atomic=not redis, text_columns=redis, **changes)
 
 
 def _prepare(store: Any, backend: str, config: Config, path: Path) -> None:

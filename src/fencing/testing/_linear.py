@@ -58,6 +58,7 @@ from ._linear_model import (
     Context,
     Operation,
     State,
+    inert,
     initial_state,
     keys_of,
     step,
@@ -230,9 +231,13 @@ def _search(ops: list[Operation], init: Mapping[str, Mapping[str, Any]], budget:
     ctx = Context(keys, frozenset(p for p, n in commits.items() if n > 1))
     # the linked list of call and return entries, by time (calls first on a tie)
     entries: list[tuple[float, int, int, _Node]] = []
+    calls: list[_Node] = []
     for i, op in enumerate(ops):
         ret = _Node(i, math.inf if op.ret is None else op.ret, None)
         call = _Node(i, op.invoke, ret)
+        calls.append(call)
+        if op.ret is None and op.op == "get":
+            continue  # a read that may never have happened constrains nothing
         entries.append((call.time, 0, i, call))
         entries.append((ret.time, 1, i, ret))
     entries.sort(key=lambda e: (e[0], e[1], e[2]))
@@ -263,9 +268,19 @@ def _search(ops: list[Operation], init: Mapping[str, Mapping[str, Any]], budget:
         if call.next is not None:
             call.next.prev = call
 
+    unknown = [i for i, op in enumerate(ops) if op.ret is None]
+
+    def settle(states: frozenset[State], placed: int) -> list[_Node]:
+        """Place every pending unknown operation that can no longer take effect."""
+        done: list[_Node] = []
+        for i in unknown:
+            if not placed >> i & 1 and all(inert(ctx, s, ops[i]) for s in states):
+                done.append(calls[i])
+        return done
+
     states: frozenset[State] = frozenset({initial_state(keys, init)})
-    placed = 0  # bitset of the operations linearized
-    stack: list[tuple[_Node, frozenset[State]]] = []
+    placed = sum(1 << i for i in unknown if ops[i].op == "get")  # bitset of those linearized
+    stack: list[tuple[_Node, frozenset[State], list[_Node]]] = []
     seen: set[tuple[int, frozenset[State]]] = set()
     best: list[int] = []
     best_stuck: list[int] = []
@@ -287,25 +302,32 @@ def _search(ops: list[Operation], init: Mapping[str, Mapping[str, Any]], budget:
                 key = (placed | (1 << entry.op), new_states)
                 if key not in seen:
                     seen.add(key)
-                    stack.append((entry, states))
-                    states = new_states
                     placed |= 1 << entry.op
                     lift(entry)
+                    auto = settle(new_states, placed)
+                    for node in auto:
+                        placed |= 1 << node.op
+                        lift(node)
+                    stack.append((entry, states, auto))
+                    states = new_states
                     entry = head.next
                     continue
             entry = entry.next
         else:  # a return: its operation must have been placed by now; back up
             if len(stack) >= len(best):
-                best = [n.op for n, _ in stack]
+                best = [n.op for n, _, _ in stack]
                 best_stuck = _candidates(head)
                 best_states = states
             if not stack:
                 return _failed(keys, ops, nodes, best, best_stuck, best_states)
-            top, states = stack.pop()
+            top, states, auto = stack.pop()
+            for node in reversed(auto):
+                placed &= ~(1 << node.op)
+                unlift(node)
             placed &= ~(1 << top.op)
             unlift(top)
             entry = top.next
-    order = [ops[n.op] for n, _ in stack]
+    order = [ops[n.op] for n, _, _ in stack]
     return PartitionResult(keys, ops, True, nodes, order)
 
 

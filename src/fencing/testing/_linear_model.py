@@ -26,6 +26,7 @@ __all__ = [
     "Operation",
     "RecordState",
     "canonical",
+    "inert",
     "initial_state",
     "keys_of",
     "step",
@@ -172,6 +173,43 @@ def step(ctx: Context, state: State, op: Operation) -> list[State]:
         found.update(_apply(ctx, state, op, ANY))
         return list(found)
     return _apply(ctx, state, op, op.result)
+
+
+def inert(ctx: Context, state: State, op: Operation) -> bool:
+    """True when ``op`` (of unknown outcome) cannot take effect in ``state`` nor in any
+    state after it: placing it now changes nothing, so the search need not choose.
+
+    Versions and tokens only grow in the model: a commit expecting version ``v`` is
+    inert once the record is past ``v`` (or deleted at ``v`` or later), or once a
+    newer token than its own was granted or wrote the record; a release once its
+    token is not the last one granted. Creates, deletes and acquires never are.
+    """
+    if op.op == "get":
+        return True
+    if op.op == "release":
+        lease = state[ctx.pos[LEASE_PREFIX + op.args["name"]]]
+        assert isinstance(lease, LeaseState)
+        return bool(lease.last != op.args["token"])
+    if op.op == "commit":
+        return _commit_inert(ctx, state, op.args)
+    if op.op == "commit_many":
+        return all(_commit_inert(ctx, state, item) for item in op.args["items"])
+    return False
+
+
+def _commit_inert(ctx: Context, state: State, args: Mapping[str, Any]) -> bool:
+    rec = state[ctx.pos[args["key"]]]
+    assert isinstance(rec, RecordState)
+    name = args.get("lease")
+    if name is not None:
+        lease = state[ctx.pos[LEASE_PREFIX + name]]
+        assert isinstance(lease, LeaseState)
+        if lease.last > args["token"] or rec.fence > args["token"]:
+            return True
+    expected = args.get("expected")
+    if expected is None:
+        return False
+    return rec.version > expected if rec.exists else rec.tomb >= expected
 
 
 def _apply(ctx: Context, state: State, op: Operation, result: Any) -> list[State]:
