@@ -51,7 +51,7 @@ def count(backend: str, *, histories: int = 0, ops: int = 0, unknown: int = 0, k
 
 @dataclass
 class Config:
-    ops: int = 60  # plan steps per worker (a step may record several operations)
+    ops: int = 150  # plan steps per worker (a step may record several operations)
     keys: int = 4  # hot keys of the collection (batches join k0 with k1, k2 with k3)
     rows: int = 2  # rows of the guarded table (0: no table)
     batch_atomic: bool = True  # False on Redis: a batch's items are separate operations

@@ -353,7 +353,11 @@ def _failed(
     stuck: list[int],
     states: frozenset[State],
 ) -> PartitionResult:
-    shown = sorted(repr(s) for s in states)
+    names = [k.replace(LEASE_PREFIX, "lease:") for k in keys]
+    shown = sorted(
+        "{" + ", ".join(f"{n}: {tuple(v)}" for n, v in zip(names, s, strict=True)) + "}"
+        for s in states
+    )
     return PartitionResult(
         keys, ops, False, nodes, [ops[i] for i in best], [ops[i] for i in stuck], shown
     )
