@@ -355,7 +355,7 @@ def _failed(
 ) -> PartitionResult:
     names = [k.replace(LEASE_PREFIX, "lease:") for k in keys]
     shown = sorted(
-        "{" + ", ".join(f"{n}: {tuple(v)}" for n, v in zip(names, s, strict=True)) + "}"
+        "{" + ", ".join(f"{n}: {v!r}" for n, v in zip(names, s, strict=True)) + "}"
         for s in states
     )
     return PartitionResult(
