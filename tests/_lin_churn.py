@@ -41,7 +41,9 @@ UNKNOWN: Any = object()
 STATS: dict[str, dict[str, int]] = {}
 
 
-def count(backend: str, *, histories: int = 0, ops: int = 0, unknown: int = 0, kills: int = 0) -> None:
+def count(
+    backend: str, *, histories: int = 0, ops: int = 0, unknown: int = 0, kills: int = 0
+) -> None:
     row = STATS.setdefault(backend, {"histories": 0, "operations": 0, "unknown": 0, "kills": 0})
     row["histories"] += histories
     row["operations"] += ops
@@ -62,7 +64,9 @@ class Config:
 
 def table_rows(config: Config) -> list[dict[str, Any]]:
     total = "0" if config.text_columns else 0
-    return [{"id": i, "status": "new", "total": total, "note": "n"} for i in range(1, config.rows + 1)]
+    return [
+        {"id": i, "status": "new", "total": total, "note": "n"} for i in range(1, config.rows + 1)
+    ]
 
 
 def init_events(config: Config) -> list[dict[str, Any]]:
@@ -90,7 +94,9 @@ class Call:
 
 
 def key_id(kind: str, key: str | int) -> str:
-    return f"{'c' if kind == 'collection' else 't'}:{COLLECTION if kind == 'collection' else TABLE}/{key}"
+    if kind == "collection":
+        return f"c:{COLLECTION}/{key}"
+    return f"t:{TABLE}/{key}"
 
 
 def _commit_args(intent: Intent, state: Mapping[str, Any], lease: Any) -> dict[str, Any]:
@@ -129,7 +135,9 @@ def record_result(record: Record | None) -> Any:
 class Driver:
     """What the sync and async drivers share: the history sink and the held leases."""
 
-    def __init__(self, store: Any, sink: HistoryWriter, process: str, thread: str, batch_atomic: bool) -> None:
+    def __init__(
+        self, store: Any, sink: HistoryWriter, process: str, thread: str, batch_atomic: bool
+    ) -> None:
         self.store = store
         self.sink = sink
         self.process = process
@@ -381,7 +389,9 @@ def plan(config: Config, worker: str) -> Generator[Call, Any, None]:
 
 
 # -- processes ----------------------------------------------------------------------
-def run_process(url: str, path: str, config: Config, process: str, threads: int, start: Any) -> None:
+def run_process(
+    url: str, path: str, config: Config, process: str, threads: int, start: Any
+) -> None:
     """A spawned worker process: ``threads`` threads churning the shared store."""
     import threading
 

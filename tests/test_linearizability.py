@@ -145,7 +145,9 @@ def test_processes_churn_is_linearizable(
         store.close()
     start = spawn.Event()
     procs = [
-        spawn.Process(target=_lin_churn.run_process, args=(url, str(path), config, f"p{i}", 2, start))
+        spawn.Process(
+            target=_lin_churn.run_process, args=(url, str(path), config, f"p{i}", 2, start)
+        )
         for i in range(4)
     ]
     for p in procs:

@@ -35,13 +35,13 @@ from ._lin_churn import Config, SyncDriver, plan
 A, B = "c:orders/a", "c:orders/b"
 
 
-def op(kind: str, args: dict[str, Any], result: Any, t0: int, t1: int | None, who: str = "") -> Operation:
+def op(
+    kind: str, args: dict[str, Any], result: Any, t0: int, t1: int | None, who: str = ""
+) -> Operation:
     return Operation(kind, args, result, t0, t1, "p", who)
 
 
-def commit(
-    key: str, expected: int | None, root: str, state: Any, **extra: Any
-) -> dict[str, Any]:
+def commit(key: str, expected: int | None, root: str, state: Any, **extra: Any) -> dict[str, Any]:
     return {"key": key, "expected": expected, "root": root, "state": state, **extra}
 
 
@@ -133,8 +133,22 @@ def fenced_token() -> tuple[list[Operation], int, Any]:
         op("create", {"key": A, "state": {}}, {"version": 1}, 0, 5),
         op("acquire", {"name": "orders/a"}, {"token": 1}, 6, 8, "t1"),
         op("acquire", {"name": "orders/a"}, {"token": 2}, 20, 30, "t2"),  # t1's TTL ran out
-        op("commit", commit(A, 1, "z", {"by": 1}, **lease, token=1), ok("fenced", 1, reason="newer_owner"), 25, 60, "t1"),
-        op("commit", commit(A, 1, "w", {"by": 2}, **lease, token=2), ok("committed", 2), 40, 50, "t2"),
+        op(
+            "commit",
+            commit(A, 1, "z", {"by": 1}, **lease, token=1),
+            ok("fenced", 1, reason="newer_owner"),
+            25,
+            60,
+            "t1",
+        ),
+        op(
+            "commit",
+            commit(A, 1, "w", {"by": 2}, **lease, token=2),
+            ok("committed", 2),
+            40,
+            50,
+            "t2",
+        ),
         op("get", {"key": A}, {"version": 2, "state": {"by": 2}}, 65, 70),
     ]
     # planted: the zombie (token 1) also commits, *after* token 2 was granted and wrote
@@ -175,9 +189,9 @@ SCENARIOS: dict[str, Callable[[], tuple[list[Operation], int, Any]]] = {
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_a_linearizable_history_passes(name: str) -> None:
-    history, index, wrong = SCENARIOS[name]()
+    history, _index, _wrong = SCENARIOS[name]()
     if name == "commit under token t after t+1 was granted":
-        history = history[:5] + [op("get", {"key": A}, {"version": 2, "state": {"by": 2}}, 65, 70)]
+        history = [*history[:5], op("get", {"key": A}, {"version": 2, "state": {"by": 2}}, 65, 70)]
     assert_linearizable(history)
 
 
@@ -211,7 +225,13 @@ def test_a_lease_may_expire_but_tokens_never_go_back() -> None:
     h = [
         op("create", {"key": A, "state": {}}, {"version": 1}, 0, 5),
         op("acquire", name, {"token": 1}, 10, 11),
-        op("commit", commit(A, 1, "x", {}, lease="L", token=1), ok("fenced", 1, reason="expired"), 12, 13),
+        op(
+            "commit",
+            commit(A, 1, "x", {}, lease="L", token=1),
+            ok("fenced", 1, reason="expired"),
+            12,
+            13,
+        ),
         op("acquire", name, {"token": 2}, 20, 21),  # the TTL ran out: granted again
         op("release", {"name": "L", "token": 2}, True, 30, 31),
         op("acquire", name, {"token": 3}, 40, 41),
@@ -313,7 +333,18 @@ def sequential_history(seed: int, stretch: int) -> list[Operation]:
     for n, e in enumerate(sink):
         lo = rng.randint(0, stretch)
         hi = rng.randint(0, stretch)
-        out.append(Operation(e["op"], e["args"], e["result"], e["invoke"] - lo, e["return"] + hi, "p", e["thread"], n))
+        out.append(
+            Operation(
+                e["op"],
+                e["args"],
+                e["result"],
+                e["invoke"] - lo,
+                e["return"] + hi,
+                "p",
+                e["thread"],
+                n,
+            )
+        )
     return out
 
 

@@ -29,16 +29,6 @@ in ``fencing.testing._linear_model``.
 from __future__ import annotations
 
 from ._checker import ANOMALY_KINDS, LABELS, Anomaly, Report, check_file, check_history, iter_file
-from ._linear import (
-    DEFAULT_BUDGET,
-    LinReport,
-    PartitionResult,
-    check_linearizable,
-    lin_event,
-    read_lin_file,
-    write_lin,
-)
-from ._linear_model import Operation
 from ._history import (
     LEASE_ACTIONS,
     OUTCOMES,
@@ -51,6 +41,16 @@ from ._history import (
     outcome_event,
     write_final,
 )
+from ._linear import (
+    DEFAULT_BUDGET,
+    LinReport,
+    PartitionResult,
+    check_linearizable,
+    lin_event,
+    read_lin_file,
+    write_lin,
+)
+from ._linear_model import Operation
 
 __all__ = [
     "ANOMALY_KINDS",

@@ -220,7 +220,9 @@ class PartitionResult:
         return "\n".join(lines)
 
 
-def _search(ops: list[Operation], init: Mapping[str, Mapping[str, Any]], budget: int) -> PartitionResult:
+def _search(
+    ops: list[Operation], init: Mapping[str, Mapping[str, Any]], budget: int
+) -> PartitionResult:
     keys = sorted({k for op in ops for k in keys_of(op)})
     commits: dict[tuple[str, str], int] = {}
     for op in ops:
@@ -355,8 +357,7 @@ def _failed(
 ) -> PartitionResult:
     names = [k.replace(LEASE_PREFIX, "lease:") for k in keys]
     shown = sorted(
-        "{" + ", ".join(f"{n}: {v!r}" for n, v in zip(names, s, strict=True)) + "}"
-        for s in states
+        "{" + ", ".join(f"{n}: {v!r}" for n, v in zip(names, s, strict=True)) + "}" for s in states
     )
     return PartitionResult(
         keys, ops, False, nodes, [ops[i] for i in best], [ops[i] for i in stuck], shown
@@ -385,9 +386,7 @@ class LinReport:
 
     def summary(self) -> str:
         verdict = {True: "linearizable", False: "NOT linearizable", None: "unknown"}[self.ok]
-        lines = [
-            f"{verdict}: {self.operations} operations in {len(self.partitions)} partition(s)"
-        ]
+        lines = [f"{verdict}: {self.operations} operations in {len(self.partitions)} partition(s)"]
         lines += [p.explain() for p in self.failures()]
         return "\n".join(lines)
 
@@ -414,6 +413,8 @@ def check_linearizable(
             op = _operation(item, f"event {n}")
         else:
             raise HistoryError(f"event {n}: an Operation or a lin event, not {type(item).__name__}")
-        ops.append(Operation(op.op, op.args, op.result, op.invoke, op.ret, op.process, op.thread, len(ops)))
+        ops.append(
+            Operation(op.op, op.args, op.result, op.invoke, op.ret, op.process, op.thread, len(ops))
+        )
     results = [_search(part, records, budget) for part in _partitions(ops)]
     return LinReport(results)

@@ -138,7 +138,9 @@ def initial_state(keys: Sequence[str], init: Mapping[str, Mapping[str, Any]]) ->
         else:
             version = int(row.get("version", 1))
             out.append(
-                RecordState(True, version, canonical(row.get("state", {})), int(row.get("fence", 0)))
+                RecordState(
+                    True, version, canonical(row.get("state", {})), int(row.get("fence", 0))
+                )
             )
     return tuple(out)
 
@@ -209,7 +211,7 @@ def _commit_inert(ctx: Context, state: State, args: Mapping[str, Any]) -> bool:
     expected = args.get("expected")
     if expected is None:
         return False
-    return rec.version > expected if rec.exists else rec.tomb >= expected
+    return bool(rec.version > expected if rec.exists else rec.tomb >= expected)
 
 
 def _apply(ctx: Context, state: State, op: Operation, result: Any) -> list[State]:
@@ -257,9 +259,7 @@ def _record(kind: str, rec: RecordState, args: Mapping[str, Any], result: Any) -
     raise AssertionError(kind)  # pragma: no cover
 
 
-def _lease(
-    kind: str, lease: LeaseState, args: Mapping[str, Any], result: Any
-) -> list[LeaseState]:
+def _lease(kind: str, lease: LeaseState, args: Mapping[str, Any], result: Any) -> list[LeaseState]:
     if kind == "acquire":
         granted = lease._replace(last=lease.last + 1, held=True)
         if result is ANY:  # granted, or refused while held
@@ -278,9 +278,7 @@ def _lease(
     return [lease._replace(held=False)] if token == lease.last else [lease]
 
 
-def _judge(
-    ctx: Context, state: State, args: Mapping[str, Any]
-) -> list[tuple[str, str | None]]:
+def _judge(ctx: Context, state: State, args: Mapping[str, Any]) -> list[tuple[str, str | None]]:
     """The outcomes a commit may have in ``state``: (outcome, fence reason)."""
     rec = state[ctx.pos[args["key"]]]
     assert isinstance(rec, RecordState)
@@ -330,7 +328,9 @@ def _commit(
             applied = rec.applied
             if (args["key"], args["root"]) in ctx.tracked:
                 applied = applied | {args["root"]}
-            new = rec._replace(version=rec.version + 1, state=new_state, fence=fence, applied=applied)
+            new = rec._replace(
+                version=rec.version + 1, state=new_state, fence=fence, applied=applied
+            )
             answer = {"outcome": outcome, "version": new.version}
             after = _put(state, i, new)
         else:
@@ -359,7 +359,7 @@ def _batch(
         return []
     frontier = {state}
     for n, item in enumerate(items):
-        want = ANY if results is ANY else results[n]
+        want = results[n] if isinstance(results, list) else ANY
         nxt: set[State] = set()
         for s in frontier:
             nxt.update(after for after, _ in _commit(ctx, s, item, want))
