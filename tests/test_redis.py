@@ -10,6 +10,7 @@ caches per node, refusals of what cannot be atomic there.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import random
@@ -1132,3 +1133,36 @@ def test_cluster_wrong_mode_is_a_configuration_error() -> None:
         cluster_cleanup(url.replace("?", "?cluster=true&"))
     with pytest.raises(TransientStoreError):
         fencing.open(f"redis://{HOST}:1/0?cluster=true&connect_timeout=0.5")
+
+
+def test_cluster_async_store_reconnects_after_every_primary_dropped_it(curl: str) -> None:
+    """redis-py's asyncio Cluster client forgets a node on each connection error; after
+    connections to every primary dropped at once it had none left, and every later call
+    failed with ``StoreError`` ("cannot be connected ... None") for good. Now the calls
+    that lost their connection have an unknown outcome, and the store works again."""
+    name = "fencing-drop-" + uuid.uuid4().hex[:8]
+    url = f"{curl}&client_name={name}"
+    nodes = _nodes()
+    keys = _keys_on_every_node(nodes, 1)
+
+    async def main() -> list[Any]:
+        store = await fencing.open_async(url)
+        try:
+            orders = store.collection("orders")
+            for key in keys:
+                await orders.create(key, {"n": 0})
+            for node in nodes.values():  # drop every connection the store has
+                for client in node.client_list():
+                    if client.get("name") == name:
+                        node.client_kill_filter(_id=client["id"])
+            lost = await asyncio.gather(*(orders.get(k) for k in keys), return_exceptions=True)
+            assert all(isinstance(e, fencing.TransientStoreError) for e in lost), lost
+            return [await orders.get(k) for k in keys]
+        finally:
+            await store.close()
+
+    try:
+        records = asyncio.run(main())
+    finally:
+        _close_all(nodes)
+    assert [r.version for r in records] == [1] * len(keys)

@@ -1342,12 +1342,31 @@ class AsyncRedisBackend:
         # The asyncio Cluster client re-sends a command after a lost connection unless
         # it is told the node (its pipelines need cluster_error_retry_attempts=1 to run
         # at all): name the node of the command's first key; MOVED and ASK are followed.
+        self._revive()
         await client.initialize()
         node = client.get_node_from_key(_first_key(command))
         return await client.execute_command(*command, target_nodes=node)
 
+    def _revive(self) -> None:
+        """Give the asyncio Cluster client its configured node back once it has none.
+
+        redis-py drops a node from its startup nodes on every connection error it sees
+        there (redis/redis-py#3693); when connections to every primary fail at once (a
+        network blip, a proxy restart) none is left and the client could never connect
+        again. Its nodes are rediscovered from the configured one.
+        """
+        manager: Any = getattr(self.client, "nodes_manager", None)
+        if manager is None or manager.startup_nodes:
+            return
+        from redis.asyncio.cluster import ClusterNode
+
+        node = ClusterNode(self.settings.host, self.settings.port, **manager.connection_kwargs)
+        manager.startup_nodes[node.name] = node
+
     async def _step(self, step: Step) -> object:
         client: Any = self.client  # see RedisBackend._command
+        if self.layout.cluster:
+            self._revive()
         if isinstance(step, Send):
             if len(step.commands) == 1:
                 try:
