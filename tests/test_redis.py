@@ -1166,3 +1166,59 @@ def test_cluster_async_store_reconnects_after_every_primary_dropped_it(curl: str
     finally:
         _close_all(nodes)
     assert [r.version for r in records] == [1] * len(keys)
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster"])
+def test_async_connection_closed_while_in_use_is_transient(
+    cluster: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection closed by another task while this one writes on it (the race of
+    redis/redis-py#3546, seen under the linearizability churn on the Cluster) made
+    redis-py raise ``AttributeError`` on its cleared writer, which escaped untyped; it is
+    a lost connection: ``TransientStoreError``, and the store goes on working."""
+    from redis.asyncio.connection import Connection
+
+    if cluster:
+        require_server("Redis Cluster", HOST, CLUSTER_PORT)
+        u = cluster_url()
+    else:
+        require_server("Redis", HOST, PORT)
+        u = redis_url()
+    send = Connection._send_packed_command
+    armed = [False]
+
+    async def closed_meanwhile(self: Any, command: Any) -> None:
+        # redis-py writes in a task of its own (asyncio.wait_for): another task may
+        # close the connection before it runs, which is what this does
+        if armed[0]:
+            armed[0] = False
+            self._writer.close()
+            self._writer = None
+        await send(self, command)
+
+    monkeypatch.setattr(Connection, "_send_packed_command", closed_meanwhile)
+
+    async def main() -> tuple[BaseException | None, int]:
+        store = await fencing.open_async(u)
+        try:
+            orders = store.collection("orders")
+            await orders.create("o-1", {"n": 0})
+            armed[0] = True
+            try:
+                await orders.commit(await orders.intent("o-1", "a"), {"n": 1})
+            except Exception as exc:
+                error: BaseException | None = exc
+            else:
+                error = None
+            record = await orders.get("o-1")
+            assert record is not None
+            return error, record.version
+        finally:
+            await store.close()
+
+    try:
+        error, version = asyncio.run(main())
+    finally:
+        (cluster_cleanup if cluster else cleanup)(u)
+    assert isinstance(error, TransientStoreError), repr(error)
+    assert version in (1, 2)

@@ -1081,6 +1081,26 @@ def pending_effects_flow(settings: Settings, query: EffectQuery) -> Flow[list[Ef
 
 
 # -- errors ---------------------------------------------------------------------------
+def dropped_under_us(exc: BaseException) -> bool:
+    """Whether redis-py's asyncio connection failed because it was closed while in use.
+
+    When a connection is closed while a command is written or read (a concurrent
+    disconnect, a peer reset), redis-py's asyncio connection raises ``AttributeError``
+    or ``TypeError`` on its cleared writer or reader instead of ``ConnectionError``
+    (redis/redis-py#3546, #4287): a lost connection all the same, outcome unknown.
+    """
+    if not isinstance(exc, AttributeError | TypeError) or "NoneType" not in str(exc):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith(
+            "redis/asyncio/connection.py"
+        ):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def translate(exc: BaseException) -> FencingError:
     """A driver error as fencing's error (raise it ``from exc``)."""
     from redis import exceptions as rx
@@ -1323,6 +1343,13 @@ class AsyncRedisBackend:
             return await adrive(flow, self._step)
         except self._errors as exc:
             raise translate(exc) from exc
+        except (AttributeError, TypeError) as exc:
+            if not dropped_under_us(exc):
+                raise
+            raise TransientStoreError(
+                f"redis: the connection was closed while in use ({exc}; the outcome is"
+                " unknown: retry with the same intent; a commit that landed reports Duplicate)"
+            ) from exc
 
     async def _script(self, call: Call, *, write: bool) -> object:
         """See ``RedisBackend._script``."""
