@@ -390,27 +390,38 @@ def plan(config: Config, worker: str) -> Generator[Call, Any, None]:
 
 # -- processes ----------------------------------------------------------------------
 def run_process(
-    url: str, path: str, config: Config, process: str, threads: int, start: Any
+    url: str, path: str, config: Config, process: str, threads: int, ready: Any, start: Any
 ) -> None:
-    """A spawned worker process: ``threads`` threads churning the shared store."""
+    """A spawned worker process: ``threads`` threads churning the shared store. It opens
+    the store before ``ready`` (the connection killer starts after), and exits non-zero
+    if a worker raised anything but ``TransientStoreError``."""
+    import sys
     import threading
+    import traceback
 
     store = fencing.open(url)
     sink = HistoryWriter(path)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        driver = SyncDriver(store, sink, process, f"t{i}", config.batch_atomic)
+        try:
+            driver.run(plan(config, f"{process}.t{i}"))
+        except BaseException as exc:
+            traceback.print_exc()
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    ready.release()
     start.wait(120)
-    workers = [
-        threading.Thread(
-            target=SyncDriver(store, sink, process, f"t{i}", config.batch_atomic).run,
-            args=(plan(config, f"{process}.t{i}"),),
-        )
-        for i in range(threads)
-    ]
     for t in workers:
         t.start()
     for t in workers:
         t.join()
     sink.close()
     store.close()
+    if errors:
+        sys.exit(1)
 
 
 def new_name() -> str:

@@ -143,23 +143,26 @@ def test_processes_churn_is_linearizable(
         store.migrate()
     finally:
         store.close()
-    start = spawn.Event()
+    ready, start = spawn.Semaphore(0), spawn.Event()
+    args = (url, str(path), config)
     procs = [
-        spawn.Process(
-            target=_lin_churn.run_process, args=(url, str(path), config, f"p{i}", 2, start)
-        )
+        spawn.Process(target=_lin_churn.run_process, args=(*args, f"p{i}", 2, ready, start))
         for i in range(4)
     ]
     for p in procs:
         p.start()
-    with Killer(backend, url, name, seed=3):
-        start.set()
+    try:
+        for _ in procs:  # every process has opened the store before connections are killed
+            assert ready.acquire(timeout=JOIN), "a worker process did not start"
+        with Killer(backend, url, name, seed=3):
+            start.set()
+            for p in procs:
+                p.join(JOIN)
+    finally:
         for p in procs:
-            p.join(JOIN)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
+            if p.is_alive():
+                p.kill()
+                p.join()
     assert [p.exitcode for p in procs] == [0] * 4
     _verdict(_judge(backend, path), path)
 

@@ -1222,3 +1222,55 @@ def test_async_connection_closed_while_in_use_is_transient(
         (cluster_cleanup if cluster else cleanup)(u)
     assert isinstance(error, TransientStoreError), repr(error)
     assert version in (1, 2)
+
+
+def test_cluster_async_batch_whose_node_view_reset_meanwhile_is_transient(
+    curl: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another task's connection error resets the asyncio Cluster client's nodes; a batch
+    (a pipeline) running meanwhile found no default node and redis-py raised
+    ``AttributeError`` after sending it (redis/redis-py#3835): ``TransientStoreError``."""
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+    from redis.exceptions import ConnectionError as Dropped
+
+    default, pipeline = RedisCluster.get_default_node, ClusterNode.execute_pipeline
+    armed = [False]
+
+    async def dropped(self: Any, commands: Any) -> bool:
+        if not armed[0]:
+            return bool(await pipeline(self, commands))
+        for command in commands:  # this node's connection dropped mid-pipeline ...
+            command.result = Dropped("Connection closed by server.")
+        return True
+
+    def reset_meanwhile(self: Any) -> Any:
+        if armed[0]:  # ... and another task's error reset the client's nodes meanwhile
+            armed[0] = False
+            return None
+        return default(self)
+
+    monkeypatch.setattr(ClusterNode, "execute_pipeline", dropped)
+    monkeypatch.setattr(RedisCluster, "get_default_node", reset_meanwhile)
+
+    async def main() -> tuple[BaseException | None, list[int]]:
+        store = await fencing.open_async(curl)
+        try:
+            orders = store.collection("orders")
+            for key in ("o-1", "o-2"):
+                await orders.create(key, {"n": 0})
+            items = [(await orders.intent(k, "a"), {"n": 1}) for k in ("o-1", "o-2")]
+            armed[0] = True
+            try:
+                await orders.commit_many(items)
+            except Exception as exc:
+                error: BaseException | None = exc
+            else:
+                error = None
+            again = await orders.commit_many(items)  # the retry: each landed once
+            return error, [o.current.version for o in again if o.current is not None]
+        finally:
+            await store.close()
+
+    error, versions = asyncio.run(main())
+    assert isinstance(error, TransientStoreError), repr(error)
+    assert versions == [2, 2]

@@ -1082,23 +1082,26 @@ def pending_effects_flow(settings: Settings, query: EffectQuery) -> Flow[list[Ef
 
 # -- errors ---------------------------------------------------------------------------
 def dropped_under_us(exc: BaseException) -> bool:
-    """Whether redis-py's asyncio connection failed because it was closed while in use.
+    """Whether redis-py's asyncio client failed because a connection was closed, or the
+    Cluster client's view of its nodes reset, while in use.
 
-    When a connection is closed while a command is written or read (a concurrent
-    disconnect, a peer reset), redis-py's asyncio connection raises ``AttributeError``
-    or ``TypeError`` on its cleared writer or reader instead of ``ConnectionError``
-    (redis/redis-py#3546, #4287): a lost connection all the same, outcome unknown.
+    redis-py's asyncio connection raises ``AttributeError`` or ``TypeError`` on its
+    cleared writer instead of ``ConnectionError`` when the connection is closed during a
+    write (redis/redis-py#3546, #4287); its Cluster client, reset by another task's
+    connection error, finds no node where it had one (``'NoneType' object has no
+    attribute 'name'``, redis/redis-py#3835). Both are a lost connection: the outcome
+    of what was sent is unknown.
     """
     if not isinstance(exc, AttributeError | TypeError) or "NoneType" not in str(exc):
         return False
+    files: list[str] = []
     tb = exc.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith(
-            "redis/asyncio/connection.py"
-        ):
-            return True
+        files.append(tb.tb_frame.f_code.co_filename.replace("\\", "/"))
         tb = tb.tb_next
-    return False
+    if any(f.endswith("redis/asyncio/connection.py") for f in files):
+        return True
+    return bool(files) and files[-1].endswith("redis/asyncio/cluster.py")
 
 
 def translate(exc: BaseException) -> FencingError:
