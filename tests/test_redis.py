@@ -1203,9 +1203,10 @@ def test_async_connection_closed_while_in_use_is_transient(
         try:
             orders = store.collection("orders")
             await orders.create("o-1", {"n": 0})
+            intent = await orders.intent("o-1", "a")
             armed[0] = True
             try:
-                await orders.commit(await orders.intent("o-1", "a"), {"n": 1})
+                await orders.commit(intent, {"n": 1})
             except Exception as exc:
                 error: BaseException | None = exc
             else:
@@ -1274,3 +1275,47 @@ def test_cluster_async_batch_whose_node_view_reset_meanwhile_is_transient(
     error, versions = asyncio.run(main())
     assert isinstance(error, TransientStoreError), repr(error)
     assert versions == [2, 2]
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster"])
+def test_sync_connection_closed_while_in_use_is_transient(
+    cluster: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sync client's twin of the race (seen under the churn with 8 threads on the
+    Cluster: another thread's connection error disconnects the connections in use):
+    redis-py's ``AttributeError`` on the cleared socket is ``TransientStoreError``."""
+    from redis.connection import Connection
+
+    if cluster:
+        require_server("Redis Cluster", HOST, CLUSTER_PORT)
+        u = cluster_url()
+    else:
+        require_server("Redis", HOST, PORT)
+        u = redis_url()
+    health = Connection.check_health
+    armed = [False]
+
+    def closed_meanwhile(self: Any) -> None:
+        health(self)
+        if armed[0]:
+            armed[0] = False
+            self._sock.close()
+            self._sock = None  # what another thread's disconnect leaves behind
+
+    monkeypatch.setattr(Connection, "check_health", closed_meanwhile)
+    store = fencing.open(u)
+    try:
+        orders = store.collection("orders")
+        orders.create("o-1", {"n": 0})
+        intent = orders.intent("o-1", "a")
+        armed[0] = True
+        with pytest.raises(TransientStoreError):
+            orders.commit(intent, {"n": 1})
+        armed[0] = True
+        with pytest.raises(TransientStoreError):
+            orders.get("o-1")
+        record = orders.get("o-1")
+        assert record is not None and record.version in (1, 2)
+    finally:
+        store.close()
+        (cluster_cleanup if cluster else cleanup)(u)

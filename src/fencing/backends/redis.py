@@ -1082,15 +1082,14 @@ def pending_effects_flow(settings: Settings, query: EffectQuery) -> Flow[list[Ef
 
 # -- errors ---------------------------------------------------------------------------
 def dropped_under_us(exc: BaseException) -> bool:
-    """Whether redis-py's asyncio client failed because a connection was closed, or the
-    Cluster client's view of its nodes reset, while in use.
+    """Whether redis-py failed because a connection was closed, or the Cluster client's
+    view of its nodes was reset, by another thread or task while in use.
 
-    redis-py's asyncio connection raises ``AttributeError`` or ``TypeError`` on its
-    cleared writer instead of ``ConnectionError`` when the connection is closed during a
-    write (redis/redis-py#3546, #4287); its Cluster client, reset by another task's
-    connection error, finds no node where it had one (``'NoneType' object has no
-    attribute 'name'``, redis/redis-py#3835). Both are a lost connection: the outcome
-    of what was sent is unknown.
+    redis-py then raises ``AttributeError`` or ``TypeError`` on the connection's cleared
+    socket, reader or writer instead of ``ConnectionError`` (redis/redis-py#3546,
+    #4287), or its Cluster client finds no node where it had one (``'NoneType' object
+    has no attribute 'name'``, redis/redis-py#3835). Both are a lost connection: the
+    outcome of what was sent is unknown.
     """
     if not isinstance(exc, AttributeError | TypeError) or "NoneType" not in str(exc):
         return False
@@ -1099,9 +1098,19 @@ def dropped_under_us(exc: BaseException) -> bool:
     while tb is not None:
         files.append(tb.tb_frame.f_code.co_filename.replace("\\", "/"))
         tb = tb.tb_next
-    if any(f.endswith("redis/asyncio/connection.py") for f in files):
+    if any(f.endswith(_CONNECTION_FILES) or "/redis/_parsers/" in f for f in files):
         return True
-    return bool(files) and files[-1].endswith("redis/asyncio/cluster.py")
+    return bool(files) and files[-1].endswith(("redis/cluster.py", "redis/asyncio/cluster.py"))
+
+
+_CONNECTION_FILES = ("redis/connection.py", "redis/asyncio/connection.py")
+
+
+def lost_connection(exc: BaseException) -> TransientStoreError:
+    return TransientStoreError(
+        f"redis: the connection was closed while in use ({exc}; the outcome is unknown:"
+        " retry with the same intent; a commit that landed reports Duplicate)"
+    )
 
 
 def translate(exc: BaseException) -> FencingError:
@@ -1204,6 +1213,10 @@ class RedisBackend:
             return drive(flow, self._step)
         except self._errors as exc:
             raise translate(exc) from exc
+        except (AttributeError, TypeError) as exc:
+            if not dropped_under_us(exc):
+                raise
+            raise lost_connection(exc) from exc
 
     def _script(self, call: Call, *, write: bool) -> object:
         """One script call, sent straight (the hot path of commit and probe); the flow
@@ -1215,6 +1228,10 @@ class RedisBackend:
                 pass  # it did not run: the flow loads the scripts and sends it again
             except self._errors as exc:
                 raise translate(exc) from exc
+            except (AttributeError, TypeError) as exc:
+                if not dropped_under_us(exc):
+                    raise
+                raise lost_connection(exc) from exc
         return self._drive(_one(self.settings, call, write=write))
 
     def _command(self, command: Command) -> object:
@@ -1349,10 +1366,7 @@ class AsyncRedisBackend:
         except (AttributeError, TypeError) as exc:
             if not dropped_under_us(exc):
                 raise
-            raise TransientStoreError(
-                f"redis: the connection was closed while in use ({exc}; the outcome is"
-                " unknown: retry with the same intent; a commit that landed reports Duplicate)"
-            ) from exc
+            raise lost_connection(exc) from exc
 
     async def _script(self, call: Call, *, write: bool) -> object:
         """See ``RedisBackend._script``."""
@@ -1363,6 +1377,10 @@ class AsyncRedisBackend:
                 pass  # it did not run: the flow loads the scripts and sends it again
             except self._errors as exc:
                 raise translate(exc) from exc
+            except (AttributeError, TypeError) as exc:
+                if not dropped_under_us(exc):
+                    raise
+                raise lost_connection(exc) from exc
         return await self._drive(_one(self.settings, call, write=write))
 
     async def _command(self, command: Command) -> object:
