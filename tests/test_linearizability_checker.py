@@ -290,6 +290,36 @@ def test_history_files_round_trip_and_bad_events_are_refused(tmp_path: Path) -> 
         {"event": "lin", "op": "get", "args": {}, "invoke": 1, "return": 2},
         {"event": "lin", "op": "get", "args": {"key": A}, "invoke": 5, "return": 2},
         {"event": "lin", "op": "get", "args": {"key": A}, "invoke": "1", "return": 2},
+        {
+            "event": "lin",
+            "op": "commit",
+            "args": {"key": A, "expected": 1, "state": {}},
+            "invoke": 1,
+            "return": 2,
+        },
+        {
+            "event": "lin",
+            "op": "commit",
+            "args": {**commit(A, "1", "r", {})},
+            "invoke": 1,
+            "return": 2,
+        },
+        {
+            "event": "lin",
+            "op": "commit",
+            "args": commit(A, 1, "r", {}, lease="L"),
+            "invoke": 1,
+            "return": 2,
+        },
+        {"event": "lin", "op": "commit_many", "args": {"items": []}, "invoke": 1, "return": 2},
+        {
+            "event": "lin",
+            "op": "release",
+            "args": {"name": "L", "token": None},
+            "invoke": 1,
+            "return": 2,
+        },
+        {"event": "lin", "op": "get", "args": {"key": 7}, "invoke": 1, "return": 2},
     ]
     for event in bad:
         with pytest.raises(HistoryError):
@@ -299,6 +329,8 @@ def test_history_files_round_trip_and_bad_events_are_refused(tmp_path: Path) -> 
             read_lin_file(path)
     with pytest.raises(HistoryError):
         check_linearizable([42])  # type: ignore[list-item]
+    with pytest.raises(HistoryError):  # an Operation is checked the same way
+        check_linearizable([op("get", {"key": A}, None, 9, 3)])
 
 
 # -- properties: sequential runs of the real memory store ----------------------------------

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .._errors import InvalidInput
-from ._history import HistoryError, _line
+from ._history import HistoryError
 from ._linear_model import (
     LEASE_PREFIX,
     OPS,
@@ -93,33 +93,73 @@ def lin_event(op: Operation) -> dict[str, Any]:
     }
 
 
-def _operation(event: Mapping[str, Any], where: str) -> Operation:
-    op = event.get("op")
-    if op not in OPS:
-        raise HistoryError(f"{where}: op must be one of {OPS}, not {op!r}")
-    args = event.get("args")
-    if not isinstance(args, Mapping):
+#: The arguments each operation needs (a commit's ``expected`` may be null).
+_NEEDS: Final = {
+    "create": ("key", "state"),
+    "get": ("key",),
+    "delete": ("key",),
+    "commit": ("key", "expected", "root", "state"),
+    "commit_many": ("items",),
+    "acquire": ("name",),
+    "release": ("name", "token"),
+}
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_args(op: str, args: Mapping[str, Any], where: str) -> None:
+    missing = [n for n in _NEEDS[op] if n not in args]
+    if missing:
+        raise HistoryError(f"{where}: {op} args lack {missing}")
+    if op == "commit_many":
+        items = args["items"]
+        if not isinstance(items, list) or not items:
+            raise HistoryError(f"{where}: commit_many items must be a non-empty list")
+        for item in items:
+            if not isinstance(item, Mapping):
+                raise HistoryError(f"{where}: commit_many items must be objects")
+            _check_args("commit", item, where)
+        return
+    for name in ("key", "name", "root", "lease"):
+        if args.get(name) is not None and not isinstance(args[name], str):
+            raise HistoryError(f"{where}: {op} {name} must be a string")
+    if op == "commit":
+        expected = args["expected"]
+        if expected is not None and not _integer(expected):
+            raise HistoryError(f"{where}: commit expected must be an integer or null")
+        if args.get("lease") is not None and not _integer(args.get("token")):
+            raise HistoryError(f"{where}: a commit under a lease needs its integer token")
+    if op == "release" and not _integer(args["token"]):
+        raise HistoryError(f"{where}: release token must be an integer")
+
+
+def _checked(op: Operation, where: str, index: int) -> Operation:
+    """``op`` validated (a clear ``HistoryError`` before any search), numbered ``index``."""
+    if op.op not in OPS:
+        raise HistoryError(f"{where}: op must be one of {OPS}, not {op.op!r}")
+    if not isinstance(op.args, Mapping):
         raise HistoryError(f"{where}: args must be an object")
-    invoke, ret = event.get("invoke"), event.get("return")
-    if isinstance(invoke, bool) or not isinstance(invoke, int):
+    if not _integer(op.invoke):
         raise HistoryError(f"{where}: invoke must be an integer (ns)")
-    if ret is not None and (isinstance(ret, bool) or not isinstance(ret, int) or ret < invoke):
+    if op.ret is not None and (not _integer(op.ret) or op.ret < op.invoke):
         raise HistoryError(f"{where}: return must be null or an integer >= invoke")
-    try:
-        keys = keys_of(Operation(op, args, None, invoke, ret))
-    except (KeyError, TypeError) as exc:
-        raise HistoryError(f"{where}: {op} args lack {exc}") from exc
-    if not all(isinstance(k, str) for k in keys):
-        raise HistoryError(f"{where}: keys and lease names must be strings")
-    return Operation(
-        op,
-        args,
+    _check_args(op.op, op.args, where)
+    return Operation(op.op, op.args, op.result, op.invoke, op.ret, op.process, op.thread, index)
+
+
+def _operation(event: Mapping[str, Any], where: str) -> Operation:
+    op = Operation(
+        str(event.get("op")),
+        event.get("args"),  # type: ignore[arg-type]  # checked by _checked
         event.get("result"),
-        invoke,
-        ret,
+        event.get("invoke"),  # type: ignore[arg-type]
+        event.get("return"),
         str(event.get("process", "")),
         str(event.get("thread", "")),
     )
+    return _checked(op, where, -1)
 
 
 def read_lin_file(
@@ -148,7 +188,6 @@ def read_lin_file(
 
 def write_lin(sink: Any, op: Operation) -> None:
     """Write one operation to an ``EventSink`` (``HistoryWriter``, ``MemoryHistory``)."""
-    _line(lin_event(op))  # fails early on what JSON cannot hold
     sink.write(lin_event(op))
 
 
@@ -405,16 +444,13 @@ def check_linearizable(
     records: dict[str, Mapping[str, Any]] = dict(init or {})
     for n, item in enumerate(history):
         if isinstance(item, Operation):
-            op = item
+            ops.append(_checked(item, f"operation {n}", len(ops)))
         elif isinstance(item, Mapping):
             if item.get("event") == "init":
                 records[str(item.get("key"))] = item
                 continue
-            op = _operation(item, f"event {n}")
+            ops.append(_checked(_operation(item, f"event {n}"), f"event {n}", len(ops)))
         else:
             raise HistoryError(f"event {n}: an Operation or a lin event, not {type(item).__name__}")
-        ops.append(
-            Operation(op.op, op.args, op.result, op.invoke, op.ret, op.process, op.thread, len(ops))
-        )
     results = [_search(part, records, budget) for part in _partitions(ops)]
     return LinReport(results)
