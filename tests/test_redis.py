@@ -1319,3 +1319,53 @@ def test_sync_connection_closed_while_in_use_is_transient(
     finally:
         store.close()
         (cluster_cleanup if cluster else cleanup)(u)
+
+
+def test_cluster_sync_store_survives_a_recovery_race_and_forgetting_every_node(
+    curl: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen under the churn with 8 threads on the Cluster, after connections dropped:
+    redis-py's sync Cluster client, recovering from a lost connection while another
+    thread recovers too, raised ``RuntimeError: dictionary changed size during
+    iteration`` (untyped), and once threads had popped every startup node it could
+    never connect again (``StoreError`` for good). Now: ``TransientStoreError``, and
+    the store works on."""
+    from redis.cluster import NodesManager
+    from redis.connection import Connection
+    from redis.exceptions import ConnectionError as Dropped
+
+    read, initialize = Connection.read_response, NodesManager.initialize
+    drop, race = [False], [False]
+
+    def dropped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if drop[0]:  # the connection dies after the command was sent
+            drop[0] = False
+            self.disconnect()
+            raise Dropped("Connection closed by server.")
+        return read(self, *args, **kwargs)
+
+    def racing(self: Any) -> None:
+        if race[0]:  # what another thread's recovery does meanwhile
+            race[0] = False
+            raise RuntimeError("dictionary changed size during iteration")
+        initialize(self)
+
+    monkeypatch.setattr(Connection, "read_response", dropped)
+    monkeypatch.setattr(NodesManager, "initialize", racing)
+    store = fencing.open(curl)
+    try:
+        orders = store.collection("orders")
+        orders.create("o-1", {"n": 0})
+        intent = orders.intent("o-1", "a")
+        drop[0] = race[0] = True
+        with pytest.raises(TransientStoreError):
+            orders.commit(intent, {"n": 1})
+        # threads failing together popped every startup node: none is left
+        store.backend.client.nodes_manager.startup_nodes.clear()
+        drop[0] = True
+        with pytest.raises(TransientStoreError):
+            orders.get("o-1")
+        record = orders.get("o-1")
+        assert record is not None and record.version in (1, 2)
+    finally:
+        store.close()

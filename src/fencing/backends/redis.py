@@ -176,6 +176,7 @@ from .._rules import LeaseRow, Status, judge
 from .._validate import check_column
 from .._values import Record
 from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
+from ._redis_errors import dropped_under_us, lost_connection, revive
 
 if TYPE_CHECKING:
     import redis as redis_sync
@@ -1081,38 +1082,6 @@ def pending_effects_flow(settings: Settings, query: EffectQuery) -> Flow[list[Ef
 
 
 # -- errors ---------------------------------------------------------------------------
-def dropped_under_us(exc: BaseException) -> bool:
-    """Whether redis-py failed because a connection was closed, or the Cluster client's
-    view of its nodes was reset, by another thread or task while in use.
-
-    redis-py then raises ``AttributeError`` or ``TypeError`` on the connection's cleared
-    socket, reader or writer instead of ``ConnectionError`` (redis/redis-py#3546,
-    #4287), or its Cluster client finds no node where it had one (``'NoneType' object
-    has no attribute 'name'``, redis/redis-py#3835). Both are a lost connection: the
-    outcome of what was sent is unknown.
-    """
-    if not isinstance(exc, AttributeError | TypeError) or "NoneType" not in str(exc):
-        return False
-    files: list[str] = []
-    tb = exc.__traceback__
-    while tb is not None:
-        files.append(tb.tb_frame.f_code.co_filename.replace("\\", "/"))
-        tb = tb.tb_next
-    if any(f.endswith(_CONNECTION_FILES) or "/redis/_parsers/" in f for f in files):
-        return True
-    return bool(files) and files[-1].endswith(("redis/cluster.py", "redis/asyncio/cluster.py"))
-
-
-_CONNECTION_FILES = ("redis/connection.py", "redis/asyncio/connection.py")
-
-
-def lost_connection(exc: BaseException) -> TransientStoreError:
-    return TransientStoreError(
-        f"redis: the connection was closed while in use ({exc}; the outcome is unknown:"
-        " retry with the same intent; a commit that landed reports Duplicate)"
-    )
-
-
 def translate(exc: BaseException) -> FencingError:
     """A driver error as fencing's error (raise it ``from exc``)."""
     from redis import exceptions as rx
@@ -1207,13 +1176,14 @@ class RedisBackend:
         self._no_script = _driver().no_script
         self._errors = _driver().errors
         self._direct = settings.wait is None
+        self._known: dict[str, Any] = {}  # Cluster node addresses seen (see revive)
 
     def _drive(self, flow: Flow[T]) -> T:
         try:
             return drive(flow, self._step)
         except self._errors as exc:
             raise translate(exc) from exc
-        except (AttributeError, TypeError) as exc:
+        except (AttributeError, TypeError, RuntimeError) as exc:
             if not dropped_under_us(exc):
                 raise
             raise lost_connection(exc) from exc
@@ -1228,7 +1198,7 @@ class RedisBackend:
                 pass  # it did not run: the flow loads the scripts and sends it again
             except self._errors as exc:
                 raise translate(exc) from exc
-            except (AttributeError, TypeError) as exc:
+            except (AttributeError, TypeError, RuntimeError) as exc:
                 if not dropped_under_us(exc):
                     raise
                 raise lost_connection(exc) from exc
@@ -1239,6 +1209,8 @@ class RedisBackend:
         # the replies are checked where they are read. A Cluster client is made with
         # cluster_error_retry_attempts=0: it follows MOVED and ASK, never re-sends.
         client: Any = self.client
+        if self.layout.cluster:
+            revive(client, self.settings, "redis.cluster", self._known)
         return client.execute_command(*command)
 
     def _step(self, step: Step) -> object:
@@ -1357,13 +1329,14 @@ class AsyncRedisBackend:
         self._no_script = _driver().no_script
         self._errors = _driver().errors
         self._direct = settings.wait is None
+        self._known: dict[str, Any] = {}  # Cluster node addresses seen (see revive)
 
     async def _drive(self, flow: Flow[T]) -> T:
         try:
             return await adrive(flow, self._step)
         except self._errors as exc:
             raise translate(exc) from exc
-        except (AttributeError, TypeError) as exc:
+        except (AttributeError, TypeError, RuntimeError) as exc:
             if not dropped_under_us(exc):
                 raise
             raise lost_connection(exc) from exc
@@ -1377,7 +1350,7 @@ class AsyncRedisBackend:
                 pass  # it did not run: the flow loads the scripts and sends it again
             except self._errors as exc:
                 raise translate(exc) from exc
-            except (AttributeError, TypeError) as exc:
+            except (AttributeError, TypeError, RuntimeError) as exc:
                 if not dropped_under_us(exc):
                     raise
                 raise lost_connection(exc) from exc
@@ -1390,31 +1363,15 @@ class AsyncRedisBackend:
         # The asyncio Cluster client re-sends a command after a lost connection unless
         # it is told the node (its pipelines need cluster_error_retry_attempts=1 to run
         # at all): name the node of the command's first key; MOVED and ASK are followed.
-        self._revive()
+        revive(client, self.settings, "redis.asyncio.cluster", self._known)
         await client.initialize()
         node = client.get_node_from_key(_first_key(command))
         return await client.execute_command(*command, target_nodes=node)
 
-    def _revive(self) -> None:
-        """Give the asyncio Cluster client its configured node back once it has none.
-
-        redis-py drops a node from its startup nodes on every connection error it sees
-        there (redis/redis-py#3693); when connections to every primary fail at once (a
-        network blip, a proxy restart) none is left and the client could never connect
-        again. Its nodes are rediscovered from the configured one.
-        """
-        manager: Any = getattr(self.client, "nodes_manager", None)
-        if manager is None or manager.startup_nodes:
-            return
-        from redis.asyncio.cluster import ClusterNode
-
-        node = ClusterNode(self.settings.host, self.settings.port, **manager.connection_kwargs)
-        manager.startup_nodes[node.name] = node
-
     async def _step(self, step: Step) -> object:
         client: Any = self.client  # see RedisBackend._command
         if self.layout.cluster:
-            self._revive()
+            revive(client, self.settings, "redis.asyncio.cluster", self._known)
         if isinstance(step, Send):
             if len(step.commands) == 1:
                 try:
