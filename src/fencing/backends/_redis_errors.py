@@ -83,8 +83,8 @@ def revive(client: Any, settings: Settings, module: str, known: dict[str, Any]) 
     extra = {} if module == "redis.cluster" else manager.connection_kwargs
     addresses = {**known, "": (settings.host, settings.port)}
     for host, port in addresses.values():
-        node = node_class(host, port, **extra)
-        nodes.setdefault(node.name, node)
+        if f"{host}:{port}" not in nodes:  # redis-py's node names
+            nodes[f"{host}:{port}"] = node_class(host, port, **extra)
 
 
 def lost_connection(exc: BaseException) -> TransientStoreError:
