@@ -32,6 +32,36 @@ class _Table:
         self.rows: dict[str | int, dict[str, Any]] = {}
 
 
+_ABSENT: Any = object()
+
+
+class _Undo:
+    """The writes of one call, undone if anything interrupts it (a signal handler's
+    exception included), so that a call is applied whole or not at all."""
+
+    __slots__ = ("writes",)
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[dict[Any, Any], Any, Any]] = []
+
+    def put(self, mapping: dict[Any, Any], key: Any, value: Any) -> None:
+        # noted before it is written: undoing a write that never happened is harmless
+        self.writes.append((mapping, key, mapping.get(key, _ABSENT)))
+        mapping[key] = value
+
+    def __enter__(self) -> _Undo:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:
+            return
+        for mapping, key, old in reversed(self.writes):
+            if old is _ABSENT:
+                mapping.pop(key, None)
+            else:
+                mapping[key] = old
+
+
 class MemoryBackend:
     """All state in dicts under one lock; ``clock`` is the store's clock (monotonic)."""
 
@@ -133,12 +163,15 @@ class MemoryBackend:
 
     def delete(self, target: Target, key: str | int) -> bool:
         with self._lock:
-            gone = self._records.pop((target.name, key), None)
-            if gone is not None:
-                self._tombstones[(target.name, key)] = gone[0]
-            return gone is not None
+            gone = self._records.get((target.name, key))
+            if gone is None:
+                return False
+            # the tombstone first: a record is never gone without one
+            self._tombstones[(target.name, key)] = gone[0]
+            del self._records[(target.name, key)]
+            return True
 
-    def _commit(self, request: CommitRequest, now: float) -> CommitResult:
+    def _commit(self, request: CommitRequest, now: float, undo: _Undo) -> CommitResult:
         status, record = self._judge(request, now)
         if status is not Status.OK or record is None:
             return CommitResult(status, record)
@@ -147,27 +180,31 @@ class MemoryBackend:
         state = json.loads(request.state_json)
         if target.kind == "collection":
             new = Record(target.name, intent.key, record.version + 1, fence, state)
-            self._records[(target.name, intent.key)] = (new.version, fence, request.state_json)
+            undo.put(
+                self._records, (target.name, intent.key), (new.version, fence, request.state_json)
+            )
         else:
-            row = self._table(target).rows[intent.key]
-            row.update(state)
+            rows = self._table(target).rows
+            row = {**rows[intent.key], **state}  # a new row: the old one stays as it was
             if target.version_column:
                 row[target.version_column] = record.version + 1
+            undo.put(rows, intent.key, row)
             if lease is not None:
-                self._fences[(target.scope, intent.key)] = fence
+                undo.put(self._fences, (target.scope, intent.key), fence)
             new = self._read(target, intent.key) or record
-        self._applied[(target.scope, request.claim_id, intent.key)] = now
-        self._applied_ids[(target.scope, request.claim_id)] += 1
+        undo.put(self._applied, (target.scope, request.claim_id, intent.key), now)
+        ids = (target.scope, request.claim_id)
+        undo.put(self._applied_ids, ids, self._applied_ids[ids] + 1)
         return CommitResult(Status.APPLIED, new)
 
     def commit(self, request: CommitRequest) -> CommitResult:
-        with self._lock:
-            return self._commit(request, self.clock())
+        with self._lock, _Undo() as undo:
+            return self._commit(request, self.clock(), undo)
 
     def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitResult]:
-        with self._lock:
+        with self._lock, _Undo() as undo:
             now = self.clock()
-            return [self._commit(r, now) for r in requests]
+            return [self._commit(r, now, undo) for r in requests]
 
     def _answer(self, granted: bool, name: str, now: float) -> LeaseAnswer:
         return LeaseAnswer(granted, self._leases.get(name), now)
@@ -241,11 +278,11 @@ class MemoryBackend:
             return effect_from_row(row)
 
     def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
-        with self._lock:
+        with self._lock, _Undo() as undo:
             now = self.clock()
             for key, row in list(self._effects.items()):
                 if row[1] == scope and row[3] == intent_id and row[8] is None:
-                    self._effects[key] = (*row[:8], outcome, row[9], row[10], now)
+                    undo.put(self._effects, key, (*row[:8], outcome, row[9], row[10], now))
             return self._list(EffectQuery(scope, intent_id, limit=len(self._effects) or 1))
 
     def _list(self, query: EffectQuery) -> list[Effect]:

@@ -137,7 +137,6 @@ import json
 import os
 import random
 import select
-import threading
 import time
 import weakref
 from collections.abc import Callable, Generator, Sequence
@@ -178,6 +177,7 @@ from ._contract import (
     Target,
     table_version,
 )
+from ._pool import Pool
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -1184,72 +1184,39 @@ def _idle_ok(conn: Any) -> bool:
         return False
 
 
-class _Pool:
-    """At most ``size`` PyMySQL connections, shared by threads; idle ones are reused LIFO."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(settings.pool_size)
-        self._idle: list[tuple[Any, float]] = []
-        self._pid = os.getpid()
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _forget_after_fork(ref))
-
-    def _connect(self) -> Any:
-        pymysql = _import("pymysql")
-        conn = pymysql.connect(**self.settings.driver_kwargs())
-        try:
-            _execute(conn, self.settings.session_setup())
-        except BaseException:
-            _close_quietly(conn)
-            raise
-        return conn
-
-    def get(self) -> Any:
-        """A ready connection; driver errors propagate (the caller translates them)."""
-        if not self._slots.acquire(timeout=self.settings.pool_timeout):
-            raise TransientStoreError(
-                f"mysql: no free connection within {self.settings.pool_timeout}s"
-                f" (pool_size={self.settings.pool_size})"
-            )
-        try:
-            while True:
-                with self._lock:
-                    idle = self._idle.pop() if self._idle else None
-                if idle is None:
-                    return self._connect()
-                conn, since = idle
-                if _idle_ok(conn) and time.monotonic() - since < self.settings.pool_recycle:
-                    return conn
-                _close_quietly(conn)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def put(self, conn: Any, reusable: bool) -> None:
-        if reusable and conn.open:  # (after fork() the child forgets the parent's)
-            with self._lock:
-                self._idle.append((conn, time.monotonic()))
-        else:
-            _close_quietly(conn)
-        self._slots.release()
-
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn, _ in idle:
-            _close_quietly(conn)
+def _connect(settings: Settings) -> Any:
+    pymysql = _import("pymysql")
+    conn = pymysql.connect(**settings.driver_kwargs())
+    try:
+        _execute(conn, settings.session_setup())
+    except BaseException:
+        _close_quietly(conn)
+        raise
+    return conn
 
 
-def _forget_after_fork(ref: weakref.ReferenceType[_Pool]) -> None:
-    # A connection must not cross fork(): the child drops (never closes) the parent's.
-    pool = ref()
-    if pool is not None and pool._pid != os.getpid():
-        pool._idle = []
-        pool._lock = threading.Lock()
-        pool._slots = threading.BoundedSemaphore(pool.settings.pool_size)
-        pool._pid = os.getpid()
+def _new_pool(settings: Settings) -> Pool[Any]:
+    return Pool(
+        "mysql",
+        lambda: _connect(settings),
+        size=settings.pool_size,
+        timeout=settings.pool_timeout,
+        close=_close_quietly,
+        usable=_idle_ok,
+        recycle=settings.pool_recycle,
+    )
+
+
+# A forked child must not use (nor close) its parent's sockets: the pools it inherits
+# are kept here, untouched, and it opens its own.
+_INHERITED: list[object] = []
+
+
+def _forget_after_fork(ref: weakref.ReferenceType[MySQLBackend]) -> None:
+    backend = ref()
+    if backend is not None:
+        _INHERITED.append(backend._pool)
+        backend._pool = _new_pool(backend.settings)
 
 
 def _rollback(conn: Any) -> bool:
@@ -1274,41 +1241,55 @@ class MySQLBackend:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._pool = _Pool(settings)
+        self._pool = _new_pool(settings)
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_after_fork(ref))
 
     def _run(self, make: Callable[[], Flow[T]]) -> T:
         attempt = 0
         while True:
             attempt += 1
+            pool = self._pool
             try:
-                conn = self._pool.get()
+                slot = pool.get()
             except FencingError:
                 raise
             except Exception as exc:
                 if not _is_driver_error(exc):
                     raise
                 raise _translate(exc, None) from exc
-            reusable = False
+            conn = slot.conn
             batch: Batch | None = None
+            io = False  # True while a batch is on the wire or its results are being read
             try:
                 flow = make()
                 batch = next(flow)
                 while True:
-                    batch = flow.send(_execute(conn, batch))
+                    io = True
+                    results = _execute(conn, batch)
+                    io = False
+                    batch = flow.send(results)
             except StopIteration as stop:
-                reusable = True
+                pool.put(slot)
                 value: T = stop.value
                 return value
             except Exception as exc:
-                reusable = _rollback(conn)
-                if not _is_driver_error(exc):
+                driver = _is_driver_error(exc)
+                # Interrupted mid-batch by anything but the driver (a signal handler's
+                # exception): results may be left unread, the connection is dropped.
+                if (io and not driver) or not _rollback(conn):
+                    pool.discard(slot)
+                else:
+                    pool.put(slot)
+                if not driver:
                     raise
                 if _errno(exc) == _DEADLOCK and attempt < _DEADLOCK_ATTEMPTS:
                     time.sleep(_backoff(attempt))
                     continue
                 raise _translate(exc, batch) from exc
-            finally:
-                self._pool.put(conn, reusable)
+            except BaseException:
+                pool.discard(slot)
+                raise
 
     def migrate(self) -> None:
         self._run(migrate_flow)
@@ -1468,18 +1449,23 @@ class AsyncMySQLBackend:
                 raise _translate(exc, None) from exc
             reusable = False
             batch: Batch | None = None
+            io = False  # True while a batch is on the wire or its results are being read
             try:
                 flow = make()
                 batch = next(flow)
                 while True:
-                    batch = flow.send(await _aexecute(conn, batch))
+                    io = True
+                    results = await _aexecute(conn, batch)
+                    io = False
+                    batch = flow.send(results)
             except StopIteration as stop:
                 reusable = True
                 value: T = stop.value
                 return value
             except Exception as exc:
-                reusable = await _arollback(conn)
-                if not _is_driver_error(exc):
+                driver = _is_driver_error(exc)
+                reusable = not (io and not driver) and await _arollback(conn)
+                if not driver:
                     raise
                 if _errno(exc) == _DEADLOCK and attempt < _DEADLOCK_ATTEMPTS:
                     await asyncio.sleep(_backoff(attempt))

@@ -9,7 +9,8 @@ Options of the URL (or keyword arguments of ``fencing.open``):
   schema's table). It is also put first on each pooled connection's ``search_path``,
   where guarded tables (``store.table(name)``) are looked up. Default: none, the
   connection's own ``search_path`` (normally ``public``).
-* ``min_size`` / ``max_size``: the connection pool's size (default 1 / 10);
+* ``min_size`` / ``max_size``: the connection pool's size (default 1 / 10; the synchronous
+  store opens connections on demand, the asyncio one keeps ``min_size`` open);
   ``pool_timeout``: seconds to wait for a free connection (default 30).
 * ``prepare_threshold``: psycopg's (default 5); ``none`` disables server-side
   prepared statements (PgBouncer in transaction mode).
@@ -85,6 +86,7 @@ Errors are translated at the boundary::
 
 from __future__ import annotations
 
+import asyncio
 import json
 import json.encoder
 import os
@@ -115,13 +117,15 @@ from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._validate import check_column
 from .._values import Record
 from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
+from ._pool import Pool
 from ._postgres_effects import AsyncPostgresEffects, PostgresEffects, effects_ddl
 
 try:
     import psycopg
     from psycopg import sql
     from psycopg.conninfo import make_conninfo
-    from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
+    from psycopg.pq import TransactionStatus
+    from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised with the driver hidden
     raise MissingDependency(
         f"the postgres backend needs {exc.name}: pip install 'fencing[postgres]'"
@@ -1055,6 +1059,15 @@ class _Base:
         return f"<{type(self).__name__} {self.config.where} schema={self.config.schema}>"
 
 
+def _close(conn: psycopg.Connection[Any]) -> None:
+    conn.close()
+
+
+def _idle(conn: psycopg.Connection[Any]) -> bool:
+    """Whether a connection is at rest: open, not broken, no transaction, no result due."""
+    return not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE
+
+
 # A forked child must never use (nor close) its parent's sockets: the pools it inherits
 # are kept here, untouched, and it opens its own on first use.
 _INHERITED: list[object] = []
@@ -1066,59 +1079,90 @@ class PostgresBackend(PostgresEffects, _Base):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self._lock = threading.Lock()
-        self._pool: ConnectionPool[Any] | None = None
+        self._pool: Pool[psycopg.Connection[Any]] | None = None
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_after_fork(ref))
 
-    def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        if self.config.schema is not None:
-            conn.execute(_SEARCH_PATH, {"schema": self.config.schema})
+    def _connect(self) -> psycopg.Connection[Any]:
+        config = self.config
+        conn = psycopg.connect(config.conninfo, autocommit=True, **config.connect_kwargs)
+        try:
+            if config.schema is not None:
+                conn.execute(_SEARCH_PATH, {"schema": config.schema})
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     @property
-    def pool(self) -> ConnectionPool[Any]:
+    def pool(self) -> Pool[psycopg.Connection[Any]]:
         pool = self._pool
         if pool is None:
             with self._lock:
                 if self._pool is None:
-                    self._pool = ConnectionPool(
-                        **self.config.pool_kwargs(), configure=self._configure
+                    self._pool = Pool(
+                        "postgresql",
+                        self._connect,
+                        size=self.config.max_size,
+                        timeout=self.config.pool_timeout,
+                        close=_close,
+                        usable=_idle,
                     )
-                    self._pool.open(wait=False)
                 pool = self._pool
         return pool
 
     def connect(self) -> None:
-        """Check that the server answers (with its own error if not), then open the pool."""
+        """Check that the server answers (with its own error if not), then keep that
+        connection in the pool."""
+        pool = self.pool
         error: FencingError | None = None
         try:
-            psycopg.connect(self.config.conninfo, autocommit=True).close()
+            slot = pool.get()
         except psycopg.Error as exc:
             error = _unreachable(self.config, exc)
         if error is not None:
             # raised outside the handler, so not chained: the driver's error holds the
             # connection's conninfo, password included
             raise error
-        _ = self.pool
+        pool.put(slot)
 
     def _run(self, step: Step) -> Answer | list[Answer]:
-        # getconn/putconn, not connection(): autocommit has nothing to commit on return.
+        pool = self.pool
         try:
-            pool = self.pool
-            conn = pool.getconn()
+            slot = pool.get()
+            conn = slot.conn
+            assert conn is not None
             try:
                 if isinstance(step, Query):
                     cur = conn.execute(qualified(step.text, self.schema), step.params)
-                    return answer(step, cur, cur.fetchall() if has_rows(cur) else [])
-                with conn.pipeline():
-                    curs = [
-                        conn.execute(qualified(q.text, self.schema), q.params) for q in step.queries
+                    found: Answer | list[Answer] = answer(
+                        step, cur, cur.fetchall() if has_rows(cur) else []
+                    )
+                else:
+                    with conn.pipeline():
+                        curs = [
+                            conn.execute(qualified(q.text, self.schema), q.params)
+                            for q in step.queries
+                        ]
+                    found = [
+                        answer(q, c, c.fetchall() if has_rows(c) else [])
+                        for q, c in zip(step.queries, curs, strict=True)
                     ]
-                return [
-                    answer(q, c, c.fetchall() if has_rows(c) else [])
-                    for q, c in zip(step.queries, curs, strict=True)
-                ]
-            finally:
-                pool.putconn(conn)
+            except (psycopg.Error, UnicodeError):
+                # The server refused a statement: the connection is reused only if it is
+                # back at rest (a broken one, or one left in a transaction, is closed).
+                if _idle(conn):
+                    pool.put(slot)
+                else:
+                    pool.discard(slot)
+                raise
+            except BaseException:
+                # Anything else (a signal handler's exception, a bug) may have landed
+                # mid-statement or mid-pipeline: the connection's state is unknown.
+                pool.discard(slot)
+                raise
+            pool.put(slot)
+            return found
         except (psycopg.Error, UnicodeError) as exc:
             raise translate(exc) from exc
 
@@ -1205,6 +1249,7 @@ class AsyncPostgresBackend(AsyncPostgresEffects, _Base):
 
     async def _run(self, step: Step) -> Answer | list[Answer]:
         try:
+            # psycopg_pool gives a connection it handed to a cancelled waiter back itself.
             conn = await self.pool.getconn()
             try:
                 if isinstance(step, Query):
@@ -1219,8 +1264,17 @@ class AsyncPostgresBackend(AsyncPostgresEffects, _Base):
                     answer(q, c, await c.fetchall() if has_rows(c) else [])
                     for q, c in zip(step.queries, curs, strict=True)
                 ]
+            except (psycopg.Error, UnicodeError):
+                raise
+            except BaseException:
+                # Cancelled (or anything else) at an await mid-statement or mid-pipeline:
+                # the connection's state is unknown, so it is closed; the pool replaces it.
+                await conn.close()  # (no await inside: a pool's connection closes at once)
+                raise
             finally:
-                await self.pool.putconn(conn)
+                # Shielded: a cancellation landing here must not keep the connection from
+                # its pool (putconn rolls back a transaction left open, discards a closed one).
+                await asyncio.shield(self.pool.putconn(conn))
         except (psycopg.Error, UnicodeError) as exc:
             raise translate(exc) from exc
 

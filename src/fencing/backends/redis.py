@@ -176,6 +176,7 @@ from .._rules import LeaseRow, Status, judge
 from .._validate import check_column
 from .._values import Record
 from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
+from ._redis_conn import guarded, guarded_async
 from ._redis_errors import dropped_under_us, lost_connection, revive
 
 if TYPE_CHECKING:
@@ -1518,6 +1519,8 @@ def open_backend(url: StoreURL, **options: Any) -> RedisBackend:
                 host=settings.host, port=settings.port, db=settings.db, **_no_retry(), **kwargs
             )
         )
+        pool = client.connection_pool  # no connection is made before the first command
+        pool.connection_class = guarded(pool.connection_class)
     return RedisBackend(settings, client)
 
 
@@ -1546,4 +1549,6 @@ async def open_async_backend(url: StoreURL, **options: Any) -> AsyncRedisBackend
                 host=settings.host, port=settings.port, db=settings.db, **_no_retry(), **kwargs
             )
         )
+        pool = client.connection_pool
+        pool.connection_class = guarded_async(pool.connection_class)
     return AsyncRedisBackend(settings, client)

@@ -242,53 +242,63 @@ class SQLiteBackend:
     @contextmanager
     def _txn(self, write: bool = True) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            conn = self.conn
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            except sqlite3.Error as exc:
-                raise _translate(exc) from exc
+            conn = self._begin(write)
             try:
                 yield conn
             except BaseException as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise _translate(exc) from exc
+                self._abort(conn, exc)
                 raise
-            else:
-                try:
-                    conn.execute("COMMIT")
-                except sqlite3.Error as exc:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise _translate(exc) from exc
+            self._end(conn)
+
+    def _begin(self, write: bool) -> sqlite3.Connection:
+        """The connection, in a new transaction (the caller holds the lock)."""
+        conn = self.conn
+        try:
+            if conn.in_transaction:
+                # A call interrupted (a signal handler's exception) after its BEGIN and
+                # before its own cleanup: nothing of it was committed; undo it now.
+                conn.execute("ROLLBACK")
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except BaseException as exc:
+            self._abort(conn, exc)
+            raise
+        return conn
+
+    @staticmethod
+    def _abort(conn: sqlite3.Connection, exc: BaseException) -> None:
+        """Roll back after ``exc`` (whatever it is and wherever it landed), then let the
+        caller re-raise it, translated if it is SQLite's."""
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # the next call's _begin() rolls back again
+        if isinstance(exc, sqlite3.Error):
+            raise _translate(exc) from exc
+
+    def _end(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            self._abort(conn, exc)
+            raise
 
     def _run(self, body: Callable[[sqlite3.Connection, float], T], write: bool = True) -> T:
         """``body(conn, now)`` in a transaction: ``_txn`` for the hot paths.
 
         The same steps and error handling as ``_txn()``, without a generator-based
         context manager around every call; ``now`` is read once the transaction began.
+        Whatever interrupts it, and wherever, the transaction is rolled back before the
+        lock is released, or at the latest by the next call (``_begin``).
         """
         with self._lock:
-            conn = self.conn
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            except sqlite3.Error as exc:
-                raise _translate(exc) from exc
+            conn = self._begin(write)
             try:
                 result = body(conn, time.time())
             except BaseException as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise _translate(exc) from exc
+                self._abort(conn, exc)
                 raise
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise _translate(exc) from exc
+            self._end(conn)
             return result
 
     # -- schema -------------------------------------------------------------------
