@@ -13,6 +13,11 @@ These subclasses keep two facts: whether the handshake finished, and how many re
 are still owed. The pool calls ``connect()`` on every checkout; a connection that is
 not known to be ready and clean is disconnected there and connected afresh. Both facts
 are set conservatively (a fact updated one step late only costs a reconnect).
+
+The synchronous connections also pack commands with redis-py's Python serializer, not
+hiredis's ``pack_command``: converting an ``int`` argument to text checks for signals,
+and when a handler raises there, hiredis 3 reads the NULL it got back and crashes the
+process (a segmentation fault, seen under a timer-signal storm).
 """
 
 from __future__ import annotations
@@ -43,12 +48,18 @@ def guarded_async(base: type[Any]) -> type[Any]:
 
 
 def _guarded(base: type[Any]) -> type[Any]:
+    from redis.connection import PythonRespSerializer
     from redis.exceptions import ResponseError
 
     class Guarded(base):  # type: ignore[misc]
         _fencing_ready = False  # the handshake of the current socket finished
         _fencing_owed = 0  # replies sent for and not yet read
         _fencing_packed = 0  # commands packed by pack_commands(), about to be sent
+
+        def _construct_command_packer(self, packer: Any) -> Any:
+            if packer is not None:
+                return packer
+            return PythonRespSerializer(self._buffer_cutoff, self.encoder.encode)
 
         def connect(self) -> None:
             if self._sock is not None and (not self._fencing_ready or self._fencing_owed):

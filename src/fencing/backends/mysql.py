@@ -1022,6 +1022,16 @@ def _errno(exc: BaseException) -> int | None:
     return args[0] if args and isinstance(args[0], int) else None
 
 
+def _in_step(exc: BaseException) -> bool:
+    """Whether a driver error raised mid-batch left the connection in step: only an
+    error the server sent (an error packet ends the script's results; the 2000s are the
+    client library's own codes), and not one the driver made of another exception
+    (a signal handler's, raised while it read)."""
+    code = _errno(exc)
+    server = code is not None and not 2000 <= code < 3000
+    return server and exc.__context__ is None and exc.__cause__ is None
+
+
 def _is_driver_error(exc: BaseException) -> bool:
     pymysql = _import("pymysql")
     return isinstance(exc, pymysql.err.MySQLError | OSError | UnicodeError)
@@ -1275,9 +1285,10 @@ class MySQLBackend:
                 return value
             except Exception as exc:
                 driver = _is_driver_error(exc)
-                # Interrupted mid-batch by anything but the driver (a signal handler's
-                # exception): results may be left unread, the connection is dropped.
-                if (io and not driver) or not _rollback(conn):
+                # Interrupted mid-batch by anything but the server's own error (a signal
+                # handler's exception, a lost reply): results may be left unread, the
+                # connection is dropped.
+                if (io and not (driver and _in_step(exc))) or not _rollback(conn):
                     pool.discard(slot)
                 else:
                     pool.put(slot)
@@ -1464,7 +1475,8 @@ class AsyncMySQLBackend:
                 return value
             except Exception as exc:
                 driver = _is_driver_error(exc)
-                reusable = not (io and not driver) and await _arollback(conn)
+                in_step = not io or (driver and _in_step(exc))
+                reusable = in_step and await _arollback(conn)
                 if not driver:
                     raise
                 if _errno(exc) == _DEADLOCK and attempt < _DEADLOCK_ATTEMPTS:
