@@ -22,13 +22,39 @@ process (a segmentation fault, seen under a timer-signal storm).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["guarded", "guarded_async"]
+__all__ = ["guard_pool", "guarded", "guarded_async"]
 
 
-_MADE: dict[tuple[type[Any], bool], type[Any]] = {}
+_MADE: dict[tuple[type[Any], bool | None], type[Any]] = {}
+
+
+def guard_pool(pool: Any) -> None:
+    """Make a (synchronous) ``redis.ConnectionPool`` hand out guarded connections, and
+    hold the connections it lent weakly.
+
+    Its ``get_connection()`` records a connection as in use before the ``try`` that
+    gives it back on failure: an exception landing in between lost the connection for
+    good, its socket open, one more at each landing. Held weakly, a connection no caller
+    holds any more is collected, and collecting it closes its socket.
+    """
+    base = type(pool)
+    made = _MADE.get((base, None))
+    if made is None:
+
+        class WeakInUse(base):  # type: ignore[misc,valid-type]
+            def reset(self) -> None:
+                super().reset()
+                self._in_use_connections: weakref.WeakSet[Any] = weakref.WeakSet()
+
+        WeakInUse.__name__ = WeakInUse.__qualname__ = f"Fencing{base.__name__}"
+        made = _MADE[(base, None)] = WeakInUse
+    pool.__class__ = made
+    pool._in_use_connections = weakref.WeakSet(pool._in_use_connections)
+    pool.connection_class = guarded(pool.connection_class)
 
 
 def guarded(base: type[Any]) -> type[Any]:

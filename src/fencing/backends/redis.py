@@ -176,7 +176,7 @@ from .._rules import LeaseRow, Status, judge
 from .._validate import check_column
 from .._values import Record
 from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
-from ._redis_conn import guarded, guarded_async
+from ._redis_conn import guard_pool, guarded_async
 from ._redis_errors import dropped_under_us, lost_connection, revive
 
 if TYPE_CHECKING:
@@ -1519,8 +1519,7 @@ def open_backend(url: StoreURL, **options: Any) -> RedisBackend:
                 host=settings.host, port=settings.port, db=settings.db, **_no_retry(), **kwargs
             )
         )
-        pool = client.connection_pool  # no connection is made before the first command
-        pool.connection_class = guarded(pool.connection_class)
+        guard_pool(client.connection_pool)  # (no connection is made before the first command)
     return RedisBackend(settings, client)
 
 
