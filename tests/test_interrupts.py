@@ -294,8 +294,10 @@ def _check_sqlite(store: Any, name: str, url: str) -> None:
 
 def _check_pool(pool: Any, size: int, at_rest: Callable[[Any], bool]) -> None:
     gc.collect()
-    assert pool.stats()["in_use"] == 0, pool.stats()
-    slots = [pool.get() for _ in range(size)]  # every place can be had again
+    assert pool.stats()["size"] <= size, pool.stats()
+    # Every place can be had again (a connection dropped by an interrupted call is
+    # reclaimed once nothing holds it; a lost one would make this time out).
+    slots = [pool.get() for _ in range(size)]
     try:
         assert all(at_rest(s.conn) for s in slots)
     finally:
