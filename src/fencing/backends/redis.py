@@ -54,7 +54,12 @@ table row's key ``<table_prefix>T:K``)::
                              a sorted set of their keys scored by recorded_at
 
 The collection name appears outside the braces so that collection ``a`` key ``b/c`` and
-collection ``a/b`` key ``c`` never share a key. Lease hashes have no TTL and are never
+collection ``a/b`` key ``c`` never share a key. No two kinds share a key (each kind is
+its own second part, followed by ``:``; a collection name has no ``{``, so the first
+``:{`` ends it; suffixes differ in their last letter). Guarded rows are the user's
+hashes and any key may follow ``<table_prefix><table>:``, so a table whose rows could
+be named like fencing's keys (with the default empty ``table_prefix``, the table named
+like the prefix) is refused with ``InvalidIdentifier`` before anything is sent. Lease hashes have no TTL and are never
 deleted: a release removes the owner and keeps the token, expiry is judged against the
 server clock inside the scripts, so tokens only grow per name, across release, expiry,
 reconnects and restarts (given persistence, below). One hash per lease name ever used
@@ -165,6 +170,7 @@ from .._errors import (
     AlreadyExists,
     ConfigurationError,
     FencingError,
+    InvalidIdentifier,
     InvalidInput,
     InvalidState,
     SchemaError,
@@ -220,6 +226,9 @@ _SCAN_COUNT: Final = 1000
 _PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{1,64}")
 _TABLE_PREFIX = re.compile(r"[A-Za-z0-9_.:\-]{0,128}")
 _INTEGER = re.compile(r"0|-?[1-9][0-9]*")
+#: The kinds of fencing's own keys, ``<prefix>:<kind>:...`` (and ``<prefix>:schema``):
+#: each is followed by ``:``, so no two kinds share a key (see ``Layout.check_table``).
+_KINDS: Final = ("c", "lease", "table", "t", "fx")
 
 
 # -- the scripts ----------------------------------------------------------------------
@@ -286,11 +295,30 @@ class Layout:
                 " and '_ . : -'"
             )
 
+    def check_table(self, name: str) -> str:
+        """Refuse a table whose rows could be named like one of fencing's own keys.
+
+        A row is ``<table_prefix><table>:<key>`` with any key, so it could be any key
+        that starts with ``<table_prefix><table>:``; fencing's keys are ``<prefix>:schema``
+        and ``<prefix>:<kind>:...`` for the kinds in ``_KINDS``. With the default empty
+        ``table_prefix`` the table named like the prefix would address them all (a
+        commit to its row ``lease:{name}`` set that lease's token back to 0).
+        """
+        rows = f"{self.table_prefix}{name}:"
+        own = f"{self.prefix}:"
+        if own.startswith(rows) or any(rows.startswith(f"{own}{kind}:") for kind in _KINDS):
+            raise InvalidIdentifier(
+                f"redis: table {name!r} with table_prefix {self.table_prefix!r} would name"
+                f" its rows like fencing's own keys (prefix {self.prefix!r}): choose another"
+                " table name or table_prefix"
+            )
+        return name
+
     def tag(self, target: Target, key: str | int) -> str:
         """The hash tag of a record: also the name of a lease that shares its slot."""
         if target.kind == "collection":
             return f"{target.name}/{key}"
-        return f"{self.table_prefix}{target.name}:{key}"
+        return f"{self.table_prefix}{self.check_table(target.name)}:{key}"
 
     def record_keys(self, target: Target, key: str | int) -> tuple[str, str, str]:
         """A record's own key, its applied set and its fence key (all in one hash slot).
@@ -320,13 +348,13 @@ class Layout:
 
     def row(self, table: str, key: str | int) -> str:
         """The hash holding a guarded table's row (owned by the user)."""
-        return f"{self.table_prefix}{table}:{key}"
+        return f"{self.table_prefix}{self.check_table(table)}:{key}"
 
     def lease(self, name: str) -> str:
         return f"{self.prefix}:lease:{{{name}}}"
 
     def table(self, name: str) -> str:
-        return f"{self.prefix}:table:{name}"
+        return f"{self.prefix}:table:{self.check_table(name)}"
 
     @property
     def schema(self) -> str:
