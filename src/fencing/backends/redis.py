@@ -59,8 +59,9 @@ its own second part, followed by ``:``; a collection name has no ``{``, so the f
 ``:{`` ends it; suffixes differ in their last letter). Guarded rows are the user's
 hashes and any key may follow ``<table_prefix><table>:``, so a table whose rows could
 be named like fencing's keys (with the default empty ``table_prefix``, the table named
-like the prefix) is refused with ``InvalidIdentifier`` before anything is sent. Lease hashes have no TTL and are never
-deleted: a release removes the owner and keeps the token, expiry is judged against the
+like the prefix) is refused with ``InvalidIdentifier`` before anything is sent.
+
+Lease hashes have no TTL and are never deleted: a release removes the owner and keeps the token, expiry is judged against the
 server clock inside the scripts, so tokens only grow per name, across release, expiry,
 reconnects and restarts (given persistence, below). One hash per lease name ever used
 stays in the store.
