@@ -63,8 +63,8 @@ like the prefix) is refused with ``InvalidIdentifier`` before anything is sent.
 
 Lease hashes have no TTL and are never deleted: a release removes the owner and keeps
 the token, expiry is judged against the server clock inside the scripts, so tokens only
-grow per name, across release, expiry, reconnects and restarts (given persistence, below). One hash per lease name ever used
-stays in the store.
+grow per name, across release, expiry, reconnects and restarts (given persistence,
+below). One hash per lease name ever used stays in the store.
 
 Redis Cluster: the text between braces is the hash tag, so a record, its applied ids and
 its fence share one hash slot, and a lease shares it when it is named after the record:
