@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["guard_pool", "guarded", "guarded_async"]
+__all__ = ["guard_cluster", "guard_pool", "guarded", "guarded_async"]
 
 
 _MADE: dict[tuple[type[Any], bool | None], type[Any]] = {}
@@ -71,6 +71,26 @@ def guarded_async(base: type[Any]) -> type[Any]:
     if made is None:
         made = _MADE[(base, True)] = _guarded_async(base)
     return made
+
+
+def guard_cluster(client: Any) -> None:
+    """``guard_pool`` for every node of a (synchronous) ``RedisCluster``, present and
+    future. The connections its start-up made are dropped: guarded ones replace them."""
+    nodes = client.nodes_manager
+    make = nodes.create_redis_node
+
+    def create_redis_node(host: str, port: int, **kwargs: Any) -> Any:
+        node = make(host, port, **kwargs)
+        guard_pool(node.connection_pool)
+        return node
+
+    nodes.create_redis_node = create_redis_node
+    for node in list(nodes.nodes_cache.values()):
+        if node.redis_connection is not None:
+            pool = node.redis_connection.connection_pool
+            pool.disconnect()
+            pool.reset()
+            guard_pool(pool)
 
 
 def _guarded(base: type[Any]) -> type[Any]:

@@ -183,7 +183,7 @@ from .._rules import LeaseRow, Status, judge
 from .._validate import check_column
 from .._values import Record
 from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
-from ._redis_conn import guard_pool, guarded_async
+from ._redis_conn import guard_cluster, guard_pool, guarded_async
 from ._redis_errors import dropped_under_us, lost_connection, revive
 
 if TYPE_CHECKING:
@@ -1542,6 +1542,7 @@ def open_backend(url: StoreURL, **options: Any) -> RedisBackend:
                 **kwargs,
             )
         )
+        guard_cluster(client)
     else:
         client = _checked(
             lambda: redis.Redis(
