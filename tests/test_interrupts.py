@@ -149,8 +149,8 @@ def _sync_ops(store: Any, work: Workload) -> list[Callable[[], None]]:
         col.commit_many([(r.intent("many"), work.state()) for r in recs if r is not None])
 
     def lease() -> None:
-        name = f"L{work.rng.randrange(8)}"
-        held = store.try_acquire(name, owner="storm", ttl=0.05)
+        name = f"L{work.rng.randrange(16)}"
+        held = store.try_acquire(name, owner="storm", ttl=5.0)
         if held is not None:
             work.saw_token(name, held.token)
             held.renew()
@@ -179,7 +179,9 @@ def _finalizers() -> Iterator[list[str]]:
 
     def hook(info: Any) -> None:
         # (a driver object whose __init__ was interrupted can fail in its __del__ too)
-        driver = getattr(info.object, "__module__", "").split(".")[0] in _DRIVERS
+        code = getattr(info.object, "gi_code", None)  # (a driver's generator)
+        where = getattr(info.object, "__module__", None) or getattr(code, "co_filename", "")
+        driver = any(f"{name}." in where or f"/{name}/" in where for name in _DRIVERS)
         if not (driver or isinstance(info.exc_value, Interrupt | ResourceWarning)):
             old(info)
         seen.append(f"{type(info.exc_value).__name__} in {info.object!r}")
@@ -437,8 +439,8 @@ def _async_ops(store: Any, work: Workload) -> list[Callable[[], Awaitable[None]]
         await col.commit_many([(r.intent("many"), work.state()) for r in recs if r is not None])
 
     async def lease() -> None:
-        name = f"L{work.rng.randrange(8)}"
-        held = await store.try_acquire(name, owner="storm", ttl=0.05)
+        name = f"L{work.rng.randrange(16)}"
+        held = await store.try_acquire(name, owner="storm", ttl=5.0)
         if held is not None:
             work.saw_token(name, held.token)
             await held.renew()

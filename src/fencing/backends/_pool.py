@@ -7,11 +7,14 @@ counts its connections in Python code then loses one for good at each such landi
 until every call waits for a connection that will never come back.
 
 This pool counts nothing: a connection belongs to a :class:`Slot`, and the pool's
-only account is a dict from a weak reference of each live slot to its connection.
-The weak reference's callback is a C function (``deque.append``), so when a slot is
-dropped, wherever an exception left it, CPython hands it to the pool without running
-any Python code that could be interrupted in turn; the next ``get`` closes its
-connection and frees its place. A caller gives a connection back with :meth:`put`
+only account is the set of weak references to its live slots. The weak reference's
+callback is a C function (``deque.append``), so when a slot is dropped, wherever an
+exception left it, CPython tells the pool without running any Python code that could
+be interrupted in turn; the next ``get`` frees its place. The pool never holds a lent
+connection itself: a dropped slot's connection goes with it (the driver closes its
+socket when it is collected), even when the driver keeps the exception that
+interrupted it, whose traceback holds the slot (a cycle, which the collector frees;
+``get`` runs it when the pool is exhausted). A caller gives a connection back with :meth:`put`
 only after a call finished cleanly (one list append); after any exception it calls
 :meth:`discard` (or merely drops the slot): a connection interrupted mid-statement,
 with a half-read result or an open transaction, is closed, never reused.
@@ -74,7 +77,7 @@ class Pool(Generic[C]):
         self._usable = usable
         self._lock = threading.Lock()
         self._idle: list[Slot[C]] = []
-        self._live: dict[weakref.ref[Slot[C]], C | None] = {}
+        self._live: set[weakref.ref[Slot[C]]] = set()
         self._lost: deque[weakref.ref[Slot[C]]] = deque()
         self._closed = False
 
@@ -84,14 +87,14 @@ class Pool(Generic[C]):
                 self._close(conn)
 
     def _reap(self) -> None:
-        """Close the connections of slots that were dropped without a put()."""
+        """Free the places of slots that were dropped without a put()."""
         while self._lost:
-            self._drop(self._live.pop(self._lost.popleft(), None))
+            self._live.discard(self._lost.popleft())
 
     def get(self) -> Slot[C]:
         """A slot holding a ready connection; driver errors propagate."""
         start = time.monotonic()
-        collected = False
+        collect = start + 0.5
         while True:
             slot: Slot[C] | None = None
             with self._lock:
@@ -102,7 +105,7 @@ class Pool(Generic[C]):
                     slot = self._idle.pop()
                 elif len(self._live) < self.size:
                     slot = Slot(self._lost.append)
-                    self._live[slot.ref] = None
+                    self._live.add(slot.ref)
             if slot is None:
                 waited = time.monotonic() - start
                 if waited >= self.timeout:
@@ -110,17 +113,16 @@ class Pool(Generic[C]):
                         f"{self.name}: no free connection within {self.timeout}s"
                         f" (pool size {self.size})"
                     )
-                if not collected and waited > 0.5 and not self._lost:
+                if time.monotonic() > collect and not self._lost:
                     # A dropped slot caught in a reference cycle (an exception kept in a
                     # frame it belongs to) is only found by the cycle collector.
-                    collected = True
+                    collect += 1.0
                     gc.collect()
                 time.sleep(_POLL)
                 continue
             conn = slot.conn
             if conn is None:
                 slot.conn = conn = self._connect()
-                self._live[slot.ref] = conn
                 slot.since = time.monotonic()
                 return slot
             if time.monotonic() - slot.since < self.recycle and self._usable(conn):
@@ -136,8 +138,9 @@ class Pool(Generic[C]):
 
     def discard(self, slot: Slot[C]) -> None:
         """Close the slot's connection and free its place (a call went wrong)."""
-        self._drop(self._live.pop(slot.ref, None))
-        slot.conn = None
+        conn, slot.conn = slot.conn, None
+        self._live.discard(slot.ref)
+        self._drop(conn)
 
     @contextmanager
     def connection(self) -> Iterator[C]:
@@ -163,7 +166,7 @@ class Pool(Generic[C]):
             self._closed = True
             idle, self._idle = self._idle, []
             for slot in idle:
-                self._live.pop(slot.ref, None)
+                self._live.discard(slot.ref)
         for slot in idle:
             self._drop(slot.conn)
             slot.conn = None
