@@ -219,6 +219,26 @@ def _timer() -> Iterator[Callable[[float], None]]:
         signal.signal(signal.SIGALRM, old)
 
 
+class Scale:
+    """The timer's delays: random, from zero to a bound that starts at about one call
+    (measured) and adapts, so that they land anywhere in a call and about half of the
+    calls are interrupted however fast this machine is at the moment: the bound
+    shrinks after a call that finished first and grows after one that did not."""
+
+    def __init__(self, mean: float) -> None:
+        self.bound = 1.5 * mean
+        self.top = 20 * self.bound
+
+    def delay(self, rng: random.Random) -> float:
+        return rng.uniform(1e-6, self.bound)
+
+    def missed(self) -> None:
+        self.bound = max(1e-5, self.bound / 1.05)
+
+    def landed(self) -> None:
+        self.bound = min(self.top, self.bound * 1.05)
+
+
 def _storm(store: Any, work: Workload, calls: int) -> int:
     ops = _sync_ops(store, work)
     col = store.collection("storm")
@@ -227,21 +247,23 @@ def _storm(store: Any, work: Workload, calls: int) -> int:
     started = time.perf_counter()
     for _ in range(100):  # the size of the timer's delays: about one call
         work.rng.choice(ops)()
-    mean = (time.perf_counter() - started) / 100
+    scale = Scale((time.perf_counter() - started) / 100)
     landed = 0
     with _timer() as arm:
         for _ in range(calls):
             op = work.rng.choice(ops)
             try:
                 try:
-                    arm(work.rng.uniform(1e-6, 1.5 * mean))
+                    arm(scale.delay(work.rng))
                     op()
                 finally:
                     arm(0)
+                scale.missed()
             except Exception as exc:
                 if not _interrupted(exc):
                     raise
                 landed += 1
+                scale.landed()
                 while work.interrupted_commits:  # retried uninterrupted, at once
                     intent, state = work.interrupted_commits.pop()
                     work.judge_retry(col.commit(intent, state), state)
@@ -463,14 +485,16 @@ async def _astorm(store: Any, work: Workload, calls: int) -> int:
     started = time.perf_counter()
     for _ in range(100):
         await work.rng.choice(ops)()
-    mean = (time.perf_counter() - started) / 100
+    scale = Scale((time.perf_counter() - started) / 100)
     landed = 0
     for _ in range(calls):
         op = work.rng.choice(ops)
         try:
-            await asyncio.wait_for(op(), work.rng.uniform(0, 1.5 * mean))
+            await asyncio.wait_for(op(), scale.delay(work.rng))
+            scale.missed()
         except TimeoutError:
             landed += 1
+            scale.landed()
             while work.interrupted_commits:
                 intent, state = work.interrupted_commits.pop()
                 work.judge_retry(await col.commit(intent, state), state)
