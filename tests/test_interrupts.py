@@ -392,9 +392,30 @@ def _check_redis(url: str) -> None:
         stray = list(db0.scan_iter(match=f"{prefix}:*", count=1000))
         assert not stray, f"keys written to database 0: {stray[:5]}"
     finally:
-        for client in (ours, db0):
+        ours.close()
+        db0.close()
+
+
+def _cleanup(name: str, url: str) -> None:
+    """Delete what the test wrote, whatever happened (in both Redis databases)."""
+    if name != "redis":
+        cleanup = CASES[name].cleanup
+        if cleanup is not None:
+            with suppress(Exception):
+                cleanup(url)
+        return
+    import redis
+
+    from fencing._open import StoreURL
+
+    prefix = StoreURL.parse(url).options["prefix"]
+    assert prefix.startswith("fencing-test-"), prefix
+    for db in (REDIS_DB, 0):
+        client = redis.Redis(host="127.0.0.1", port=6379, db=db)
+        try:
             for key in client.scan_iter(match=f"{prefix}:*", count=1000):
                 client.unlink(key)
+        finally:
             client.close()
 
 
@@ -429,9 +450,7 @@ def test_signal_storm(name: str, tmp_path: Path) -> None:
             _check(name, store, url)
         work.judge_partial(name)
     finally:
-        cleanup = CASES[name].cleanup
-        if cleanup is not None and name != "redis":
-            cleanup(url)
+        _cleanup(name, url)
 
 
 # -- asyncio: cancellation at any await ------------------------------------------------
@@ -553,10 +572,7 @@ def test_cancellation_storm(name: str, tmp_path: Path) -> None:
             _check_postgres_server_only(url)
         work.judge_partial(name)
     finally:
-        cleanup = CASES[name].cleanup
-        if cleanup is not None and name != "redis":
-            with suppress(Exception):
-                cleanup(url)
+        _cleanup(name, url)
 
 
 def _check_postgres_server_only(url: str) -> None:
