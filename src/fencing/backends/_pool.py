@@ -80,6 +80,8 @@ class Pool(Generic[C]):
         self._live: set[weakref.ref[Slot[C]]] = set()
         self._lost: deque[weakref.ref[Slot[C]]] = deque()
         self._closed = False
+        # A store dropped without close(): its idle connections are closed with it.
+        weakref.finalize(self, _close_idle, self._idle, close)
 
     def _drop(self, conn: C | None) -> None:
         if conn is not None:
@@ -170,3 +172,10 @@ class Pool(Generic[C]):
         for slot in idle:
             self._drop(slot.conn)
             slot.conn = None
+
+
+def _close_idle(idle: list[Slot[Any]], close: Callable[[Any], object]) -> None:
+    for slot in idle:
+        if slot.conn is not None:
+            with suppress(Exception):
+                close(slot.conn)
