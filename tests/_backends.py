@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,3 +125,15 @@ CASES: dict[str, Case] = {
 def register(case: Case) -> None:
     """Server backends add their case here (see tests/backends_*.py)."""
     CASES[case.name] = case
+
+
+def named_case_url(request: Any, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """For a fixture parametrized by case names: (name, URL of a fresh store), cleaned
+    up after; skips when the case is not registered (its driver is not installed)."""
+    case = CASES.get(request.param)
+    if case is None:
+        pytest.skip(f"the {request.param} test case is not registered (driver not installed)")
+    url = case.url(tmp_path)
+    yield request.param, url
+    if case.cleanup is not None:
+        case.cleanup(url)

@@ -17,7 +17,7 @@ import pytest
 
 import fencing
 
-from ._backends import CASES
+from ._backends import named_case_url
 
 # what the previous release made, per SQL dialect
 _OLD_APPLIED = {
@@ -80,13 +80,7 @@ def _runner(name: str, store: Any, url: str) -> Callable[[str], list[tuple[Any, 
 
 @pytest.fixture(params=sorted(_OLD_APPLIED))
 def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    case = CASES.get(request.param)
-    if case is None:
-        pytest.skip(f"the {request.param} test case is not registered (driver not installed)")
-    url = case.url(tmp_path)
-    yield request.param, url
-    if case.cleanup is not None:
-        case.cleanup(url)
+    yield from named_case_url(request, tmp_path)
 
 
 def _intent(key: str) -> fencing.Intent:

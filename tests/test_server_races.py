@@ -24,41 +24,15 @@ import pytest
 
 import fencing
 
-from ._backends import CASES
-from ._syncify import Loop, Syncified
+from ._backends import named_case_url
+from .backends_postgres import opened
 
 SERVERS = ["postgresql", "mysql"]
 
 
 @pytest.fixture(params=SERVERS)
 def server_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    case = CASES.get(request.param)
-    if case is None:
-        pytest.skip(f"the {request.param} test case is not registered (driver not installed)")
-    url = case.url(tmp_path)
-    yield request.param, url
-    if case.cleanup is not None:
-        case.cleanup(url)
-
-
-@contextmanager
-def opened(url: str, api: str) -> Iterator[Any]:
-    if api == "sync":
-        store = fencing.open(url)
-        try:
-            yield store
-        finally:
-            store.close()
-        return
-    loop = Loop()
-    try:
-        store = Syncified(loop.run(fencing.open_async(url)), loop)
-        try:
-            yield store
-        finally:
-            store.close()
-    finally:
-        loop.close()
+    yield from named_case_url(request, tmp_path)
 
 
 @contextmanager

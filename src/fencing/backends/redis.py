@@ -38,6 +38,8 @@ table row's key ``<table_prefix>T:K``)::
     P:c:C:{C/K}:applied      the record's applied intents (root ids): a sorted set scored
                              by applied time (server clock, microseconds); prune() trims
                              it; it outlives a delete, as the other backends' rows do
+    P:c:C:{C/K}:tomb         the last version of the deleted record (a re-created record
+                             continues after it: versions of a key never repeat)
     P:lease:{name}           a lease: a hash of token, owner, exp (expiry, microseconds
                              of the server's clock)
     P:table:T                a guarded table's declared columns (a set)
