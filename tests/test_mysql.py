@@ -719,3 +719,40 @@ def test_processes_recording_one_effect_make_one_row(
         fx = stored[f"fx{round_}"]
         # every process got the one stored row back: the first recording won
         assert {s[round_] for s in seen} == {(fx.idempotency_key, fx.recorded_at, "pending")}
+
+
+def test_a_commit_whose_client_left_is_applied_whole(
+    mysql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker is interrupted right after sending a commit: the server still runs the
+    whole script, but ROW_COUNT() answers -1 there once a reply cannot be sent. The claim
+    must never be kept without the write (a retry would answer Duplicate for lost work)."""
+    import pymysql.connections
+
+    store = fencing.open(mysql_url)
+    try:
+        orders = store.collection("orders")
+        orders.create("k", {"n": 0})
+        read = pymysql.connections.Connection._read_query_result
+        armed = [False]
+
+        class Interrupted(Exception):
+            pass
+
+        def interrupted(self: Any, unbuffered: bool = False) -> Any:
+            if armed[0]:
+                armed[0] = False
+                raise Interrupted
+            return read(self, unbuffered)
+
+        monkeypatch.setattr(pymysql.connections.Connection, "_read_query_result", interrupted)
+        for n in range(1, 6):
+            intent = orders.intent("k", "bump")
+            armed[0] = True
+            with pytest.raises(Interrupted):
+                orders.commit(intent, {"n": n})
+            again = orders.commit(intent, {"n": n})
+            assert isinstance(again, (fencing.Committed, fencing.Duplicate)), again
+            assert again.record.version == n + 1 and dict(again.record.state) == {"n": n}
+    finally:
+        store.close()

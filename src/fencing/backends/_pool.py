@@ -90,8 +90,11 @@ class Pool(Generic[C]):
 
     def _reap(self) -> None:
         """Free the places of slots that were dropped without a put()."""
+        # Forget a ref before taking it off the queue: an exception landing between the
+        # two then leaves it queued (forgetting it again is harmless), never live forever.
         while self._lost:
-            self._live.discard(self._lost.popleft())
+            self._live.discard(self._lost[0])
+            self._lost.popleft()
 
     def get(self) -> Slot[C]:
         """A slot holding a ready connection; driver errors propagate."""

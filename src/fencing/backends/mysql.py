@@ -15,13 +15,14 @@ How a commit works
     were validated by the front and are quoted with backticks)::
 
         START TRANSACTION
-        INSERT IGNORE INTO fencing_applied ...      claim the intent's root id (primary key)
-        SET @f_claimed = ROW_COUNT()                0: this intent was applied before
+        SET @f_claimed = 1, @f_done = 0
+        INSERT INTO fencing_applied ... ON DUPLICATE KEY UPDATE ... (@f_claimed := 0)
+                                                    claim the intent's root id for its key
         (fenced) SELECT ... fencing_leases LOCK IN SHARE MODE    no takeover until we end
         (fenced) SELECT ... FOR UPDATE              lock the record / the user's row
         SET @f_now = UNIX_TIMESTAMP(NOW(6))         the server's clock, after any lock wait
-        UPDATE ... WHERE key AND version [AND guard] [AND fence and live lease] AND @f_claimed
-        SET @f_done = ROW_COUNT()
+        UPDATE ... SET ..., version = version + (@f_done := 1)
+                   WHERE key AND version [AND guard] [AND fence and live lease] AND @f_claimed
         DELETE the claim IF @f_claimed AND NOT @f_done
         (tables, fenced) raise fencing_fences IF @f_done
         SELECT @f_claimed, @f_done, @f_now, the record ... FOR UPDATE
@@ -269,12 +270,19 @@ _SCHEMA_READ: Final = "SELECT version FROM fencing_schema WHERE component = 'cor
 # -- statements -----------------------------------------------------------------------
 _NOW: Final = "UNIX_TIMESTAMP(NOW(6))"
 _SET_NOW: Final = f"SET @f_now = {_NOW}"
+# Whether the claim was new and whether the UPDATE applied are set by the statements
+# themselves (an assignment in ON DUPLICATE KEY UPDATE, and in the UPDATE's SET, which
+# runs only for the row it writes), never read from ROW_COUNT(): when the client is gone
+# (a worker killed or interrupted mid-call), the server still runs the whole script, but
+# ROW_COUNT() answers -1 once a statement's reply could not be sent; a claim kept by
+# mistake would then answer Duplicate for work that was never applied.
+_INIT_FLAGS: Final = "SET @f_claimed = 1, @f_done = 0"
 _CLAIM: Final = (
-    "INSERT IGNORE INTO fencing_applied (scope, intent_id, key_text, applied_at)"
+    "INSERT INTO fencing_applied (scope, intent_id, key_text, applied_at)"
     f" VALUES (%s, %s, %s, {_NOW})"
+    " ON DUPLICATE KEY UPDATE applied_at = IF(@f_claimed := 0, applied_at, applied_at)"
 )
-_SET_CLAIMED: Final = "SET @f_claimed = ROW_COUNT()"
-_SET_DONE: Final = "SET @f_done = ROW_COUNT()"
+_DONE: Final = "(@f_done := 1)"
 _UNCLAIM: Final = (
     "DELETE FROM fencing_applied WHERE scope = %s AND intent_id = %s AND key_text = %s"
     " AND @f_claimed = 1 AND @f_done = 0"
@@ -288,7 +296,8 @@ _LEASE_LIVE: Final = (
     " AND owner IS NOT NULL AND expires_at > @f_now)"
 )
 _COLLECTION_UPDATE: Final = (
-    "UPDATE fencing_records SET state = %s, version = version + 1, updated_at = @f_now{fence_set}"
+    "UPDATE fencing_records SET state = %s, version = version + " + _DONE + ","
+    " updated_at = @f_now{fence_set}"
     " WHERE collection = %s AND `key` = %s AND version = %s AND @f_claimed = 1{fence_where}"
 )
 # One JSON column rather than six: each column costs the driver a descriptor to parse,
@@ -635,9 +644,11 @@ def _table_update_sql(
     where = [_key_sql(target, text_key)]
     if target.version_column:
         v = quote(target.version_column)
-        sets.append(f"{v} = {v} + 1")
+        sets.append(f"{v} = {v} + {_DONE}")  # (@f_done := 1) is 1: written, and flagged
         if versioned:
             where.append(f"{v} = %s")
+    else:  # the first column's value, flagging the write on the way
+        sets[0] = f"{quote(columns[0])} = IF({_DONE} = 1, %s, NULL)"
     for column, is_text in guard:
         if is_text:  # exact text: binary collation, and the length (no PAD SPACE)
             col = quote(column)
@@ -673,8 +684,8 @@ def _locks(fenced: bool, lock_record: str) -> list[str]:
     """Claim the intent; under a lease, lock the lease row, then the record, then read
     the clock (after any lock wait)."""
     if not fenced:
-        return [_CLAIM, f"{_SET_CLAIMED}, @f_now = {_NOW}"]
-    return [_CLAIM, _SET_CLAIMED, _LOCK_LEASE, lock_record, _SET_NOW]
+        return [_INIT_FLAGS, _CLAIM, _SET_NOW]
+    return [_INIT_FLAGS, _CLAIM, _LOCK_LEASE, lock_record, _SET_NOW]
 
 
 @functools.lru_cache(maxsize=2)
@@ -683,7 +694,7 @@ def _collection_template(fenced: bool) -> _Template:
         fence_set=", fence = GREATEST(fence, %s)" if fenced else "",
         fence_where=" AND fence <= %s" + _LEASE_LIVE if fenced else "",
     )
-    statements = [*_locks(fenced, _LOCK_RECORD), update, _SET_DONE, _UNCLAIM]
+    statements = [*_locks(fenced, _LOCK_RECORD), update, _UNCLAIM]
     return _template(statements, _COLLECTION_RESULT, _LEASE_AFTER_REFUSAL if fenced else None)
 
 
@@ -699,7 +710,7 @@ def _table_template(
     table, where = quote(target.name), _key_sql(target, text_key)
     update = _table_update_sql(target, columns, text_key, versioned, guard, fenced)
     lock_row = f"SELECT 1 FROM {table} WHERE {where} FOR UPDATE"
-    statements = [*_locks(fenced, lock_row), update, _SET_DONE, _UNCLAIM]
+    statements = [*_locks(fenced, lock_row), update, _UNCLAIM]
     if fenced:
         statements.append(_RAISE_FENCE)
     result = _table_select(target, text_key, "@f_claimed, @f_done, @f_now, ", " FOR UPDATE")
