@@ -1141,8 +1141,13 @@ def translate(exc: BaseException) -> FencingError:
                 f"{text} (this server is not a Redis Cluster: drop cluster=true)"
             )
         cause = exc.__cause__
-        if isinstance(exc, rx.SlotNotCoveredError) or isinstance(
-            cause, rx.ConnectionError | rx.TimeoutError
+        # "cannot be connected": no node answered while redis-py rediscovered the
+        # Cluster; after connections dropped, its threads can also break each other's
+        # reconnect (a parser reset under another thread): either way, a lost connection
+        if (
+            isinstance(exc, rx.SlotNotCoveredError)
+            or isinstance(cause, rx.ConnectionError | rx.TimeoutError)
+            or "cannot be connected" in str(exc)
         ):
             return TransientStoreError(
                 f"{text} (the outcome is unknown: retry with the same intent; a commit that"
