@@ -1178,12 +1178,7 @@ def test_async_connection_closed_while_in_use_is_transient(
     a lost connection: ``TransientStoreError``, and the store goes on working."""
     from redis.asyncio.connection import Connection
 
-    if cluster:
-        require_server("Redis Cluster", HOST, CLUSTER_PORT)
-        u = cluster_url()
-    else:
-        require_server("Redis", HOST, PORT)
-        u = redis_url()
+    u = _server_url(cluster)
     send = Connection._send_packed_command
     armed = [False]
 
@@ -1286,12 +1281,7 @@ def test_sync_connection_closed_while_in_use_is_transient(
     redis-py's ``AttributeError`` on the cleared socket is ``TransientStoreError``."""
     from redis.connection import Connection
 
-    if cluster:
-        require_server("Redis Cluster", HOST, CLUSTER_PORT)
-        u = cluster_url()
-    else:
-        require_server("Redis", HOST, PORT)
-        u = redis_url()
+    u = _server_url(cluster)
     health = Connection.check_health
     armed = [False]
 
@@ -1369,3 +1359,12 @@ def test_cluster_sync_store_survives_a_recovery_race_and_forgetting_every_node(
         assert record is not None and record.version in (1, 2)
     finally:
         store.close()
+
+
+def _server_url(cluster: bool) -> str:
+    """A fresh store URL on the Cluster or the standalone server (skip or fail if down)."""
+    if cluster:
+        require_server("Redis Cluster", HOST, CLUSTER_PORT)
+        return cluster_url()
+    require_server("Redis", HOST, PORT)
+    return redis_url()
