@@ -8,12 +8,9 @@ some of redis-py's own races under concurrent use raise other exceptions for it.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._errors import TransientStoreError
-
-if TYPE_CHECKING:
-    from .redis import Settings
 
 __all__ = ["dropped_under_us", "lost_connection", "revive"]
 
@@ -61,7 +58,7 @@ _LOST = ("ConnectionError", "TimeoutError")
 _CONNECTION_FILES = ("redis/connection.py", "redis/asyncio/connection.py")
 
 
-def revive(client: Any, settings: Settings, module: str, known: dict[str, Any]) -> None:
+def revive(client: Any, configured: tuple[str, int], module: str, known: dict[str, Any]) -> None:
     """Give a Cluster client its nodes back once it has forgotten them all.
 
     redis-py drops a node from its startup nodes on every connection error it sees
@@ -69,7 +66,8 @@ def revive(client: Any, settings: Settings, module: str, known: dict[str, Any]) 
     too); when connections to every primary fail at once (a network blip, a proxy
     restart), or several threads or tasks fail together, none is left and the client
     could never connect again. ``known`` (the caller's, kept between calls) holds the
-    addresses seen so far; the nodes are rediscovered from them and the configured one.
+    addresses seen so far; the nodes are rediscovered from them and the ``configured``
+    (host, port) of the store's URL.
     """
     manager: Any = getattr(client, "nodes_manager", None)
     if manager is None:
@@ -81,7 +79,7 @@ def revive(client: Any, settings: Settings, module: str, known: dict[str, Any]) 
         return
     node_class = importlib.import_module(module).ClusterNode
     extra = {} if module == "redis.cluster" else manager.connection_kwargs
-    addresses = {**known, "": (settings.host, settings.port)}
+    addresses = {**known, "": configured}
     for host, port in addresses.values():
         if f"{host}:{port}" not in nodes:  # redis-py's node names
             nodes[f"{host}:{port}"] = node_class(host, port, **extra)

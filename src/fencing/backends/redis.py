@@ -1247,7 +1247,7 @@ class RedisBackend:
         # cluster_error_retry_attempts=0: it follows MOVED and ASK, never re-sends.
         client: Any = self.client
         if self.layout.cluster:
-            revive(client, self.settings, "redis.cluster", self._known)
+            revive(client, (self.settings.host, self.settings.port), "redis.cluster", self._known)
         return client.execute_command(*command)
 
     def _step(self, step: Step) -> object:
@@ -1400,7 +1400,9 @@ class AsyncRedisBackend:
         # The asyncio Cluster client re-sends a command after a lost connection unless
         # it is told the node (its pipelines need cluster_error_retry_attempts=1 to run
         # at all): name the node of the command's first key; MOVED and ASK are followed.
-        revive(client, self.settings, "redis.asyncio.cluster", self._known)
+        revive(
+            client, (self.settings.host, self.settings.port), "redis.asyncio.cluster", self._known
+        )
         await client.initialize()
         node = client.get_node_from_key(_first_key(command))
         return await client.execute_command(*command, target_nodes=node)
@@ -1408,7 +1410,12 @@ class AsyncRedisBackend:
     async def _step(self, step: Step) -> object:
         client: Any = self.client  # see RedisBackend._command
         if self.layout.cluster:
-            revive(client, self.settings, "redis.asyncio.cluster", self._known)
+            revive(
+                client,
+                (self.settings.host, self.settings.port),
+                "redis.asyncio.cluster",
+                self._known,
+            )
         if isinstance(step, Send):
             if len(step.commands) == 1:
                 try:
