@@ -43,7 +43,7 @@ def admin() -> Any:
     """A short-lived autocommit psycopg connection to the test server."""
     import psycopg
 
-    from fencing._open import StoreURL
+    from fencing._url import StoreURL
     from fencing.backends.postgres import config_from_url
 
     config = config_from_url(StoreURL.parse(BASE_URL), {})

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fencing._open import StoreURL
+from fencing._url import StoreURL
 
 from ._backends import Case, register
 

@@ -378,7 +378,7 @@ def _check_mysql(store: Any) -> None:
 def _check_redis(url: str) -> None:
     import redis
 
-    from fencing._open import StoreURL
+    from fencing._url import StoreURL
 
     prefix = StoreURL.parse(url).options["prefix"]
     ours = redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DB)
@@ -404,7 +404,7 @@ def _cleanup(name: str, url: str) -> None:
         return
     import redis
 
-    from fencing._open import StoreURL
+    from fencing._url import StoreURL
 
     prefix = StoreURL.parse(url).options["prefix"]
     assert prefix.startswith("fencing-test-"), prefix

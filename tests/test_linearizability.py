@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 import fencing
+from fencing._request import CommitRequest, CommitResult
 from fencing._rules import Status
-from fencing.backends._contract import CommitRequest, CommitResult
 from fencing.backends.memory import MemoryBackend
 from fencing.testing import HistoryWriter, LinReport, check_linearizable, read_lin_file
 

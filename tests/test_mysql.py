@@ -77,7 +77,7 @@ def _raw(url: str) -> Any:
     """A plain PyMySQL connection to a store's database, outside fencing."""
     import pymysql
 
-    from fencing._open import StoreURL
+    from fencing._url import StoreURL
     from fencing.backends.mysql import settings_from_url
 
     settings = settings_from_url(StoreURL.parse(url), {})

@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 
 import fencing
 from fencing import Committed, Duplicate, Recompute, TransientStoreError
-from fencing._open import StoreURL
+from fencing._request import CommitRequest, Target
 from fencing._rules import LeaseRef, LeaseRow, Status, judge
+from fencing._url import StoreURL
 from fencing._values import Intent, Record
-from fencing.backends._contract import CommitRequest, Target
 from fencing.backends.redis import (
     SCRIPTS,
     Call,

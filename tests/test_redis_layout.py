@@ -17,7 +17,7 @@ import pytest
 
 import fencing
 from fencing import InvalidIdentifier
-from fencing.backends._contract import Target
+from fencing._request import Target
 from fencing.backends.redis import Layout
 
 from ._backends import require_server

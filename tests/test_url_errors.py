@@ -20,7 +20,7 @@ import pytest
 
 import fencing
 from fencing import _cli
-from fencing._open import StoreURL
+from fencing._url import StoreURL
 
 from ._backends import require_server
 

@@ -32,22 +32,22 @@ from fencing import (
     Skipped,
     Stale,
 )
+from fencing._flow import Sleep
 from fencing._policy import (
-    Acquire,
-    CallReconcile,
-    Commit,
-    Decide,
-    Probe,
-    Renew,
-    Settle,
-    Sleep,
+    AcquireStep,
+    CommitStep,
+    DecideStep,
+    ProbeStep,
+    ReconcileStep,
+    RenewStep,
+    SettleStep,
     StalePolicy,
-    acquire_flow,
     apply_flow,
     check_policy,
     heartbeat_flow,
-    outcome_for,
+    lease_wait_flow,
 )
+from fencing._request import CommitResult, LeaseAnswer, outcome_for
 from fencing._rules import (
     MAX_TTL,
     MIN_TTL,
@@ -61,7 +61,6 @@ from fencing._rules import (
     lease_renewal,
 )
 from fencing._values import INTENT_FORMAT, MAX_INTENT_BYTES, MAX_VERSION
-from fencing.backends._contract import CommitResult, LeaseAnswer
 
 
 def make_intent(**fields: Any) -> Intent:
@@ -839,7 +838,7 @@ class Driver:
         self.commit = commit
         self.decide = decide
         self.steps: list[Any] = []
-        self.settled: tuple[Any, ...] = ()  # the effects a Settle step answers with
+        self.settled: tuple[Any, ...] = ()  # the effects a SettleStep answers with
 
     def run(self, intent: Intent, policy: StalePolicy, rng: random.Random | None = None) -> Outcome:
         flow = apply_flow(intent, policy, rng)
@@ -848,15 +847,15 @@ class Driver:
             step = next(flow)
             while True:
                 self.steps.append(step)
-                if isinstance(step, Probe):
+                if isinstance(step, ProbeStep):
                     answer = self.probe
-                elif isinstance(step, Decide):
+                elif isinstance(step, DecideStep):
                     answer = self.decide(step.record)
-                elif isinstance(step, Commit):
+                elif isinstance(step, CommitStep):
                     answer = self.commit(step.intent, step.state)
-                elif isinstance(step, Sleep | CallReconcile):
+                elif isinstance(step, Sleep | ReconcileStep):
                     answer = None
-                elif isinstance(step, Settle):
+                elif isinstance(step, SettleStep):
                     answer = list(self.settled)
                 else:  # pragma: no cover
                     raise AssertionError(step)
@@ -893,7 +892,7 @@ def test_flow_commits_once() -> None:
     outcome = driver.run(intent, Drop())
     assert isinstance(outcome, Committed) and outcome.record.version == 4
     assert outcome.intent is intent
-    assert driver.kinds() == ["Probe", "Decide", "Commit"]
+    assert driver.kinds() == ["ProbeStep", "DecideStep", "CommitStep"]
     probe, decide, commit = driver.steps
     assert probe.intent is intent and decide.record is record
     assert commit.intent is intent and commit.state == {"n": 3}
@@ -920,7 +919,7 @@ def test_flow_stops_at_probe_without_deciding(
     assert isinstance(outcome, expected)
     # an outcome that ends the work uncommitted settles its effects; Duplicate does not
     settles = expected is not Duplicate
-    assert driver.kinds() == ["Probe", "Settle"] if settles else ["Probe"]
+    assert driver.kinds() == ["ProbeStep", "SettleStep"] if settles else ["ProbeStep"]
     if settles:
         settle = driver.steps[-1]
         assert settle.outcome == outcome.kind and settle.intent is outcome.intent
@@ -957,7 +956,7 @@ def test_flow_skip_commits_nothing() -> None:
     )
     outcome = driver.run(make_intent(), Recompute(attempts=3))
     assert isinstance(outcome, Skipped) and outcome.current is record
-    assert driver.kinds() == ["Probe", "Decide"]
+    assert driver.kinds() == ["ProbeStep", "DecideStep"]
 
 
 def test_flow_drop_never_decides_on_stale_probe() -> None:
@@ -965,14 +964,14 @@ def test_flow_drop_never_decides_on_stale_probe() -> None:
     driver = Driver(CommitResult(Status.STALE, current), lambda i, s: pytest.fail("no commit"))
     outcome = driver.run(make_intent(), Drop())
     assert isinstance(outcome, Stale) and outcome.current is current
-    assert driver.kinds() == ["Probe", "Settle"]
+    assert driver.kinds() == ["ProbeStep", "SettleStep"]
 
 
 def test_flow_drop_reports_a_stale_commit_after_one_decide() -> None:
     driver = Driver(CommitResult(Status.OK, make_record()), always_stale())
     outcome = driver.run(make_intent(), Drop())
     assert isinstance(outcome, Stale) and outcome.current.version == 4
-    assert driver.kinds() == ["Probe", "Decide", "Commit", "Settle"]
+    assert driver.kinds() == ["ProbeStep", "DecideStep", "CommitStep", "SettleStep"]
 
 
 @pytest.mark.parametrize("probe_stale", [True, False])
@@ -986,11 +985,11 @@ def test_flow_reconcile_calls_handler_exactly_once(probe_stale: bool) -> None:
     driver.settled = ("effect-1", "effect-2")
     outcome = driver.run(intent, Reconcile(print))
     assert isinstance(outcome, Stale)
-    assert driver.count(CallReconcile) == 1
-    assert driver.count(Settle) == 1 and isinstance(driver.steps[-2], Settle)
+    assert driver.count(ReconcileStep) == 1
+    assert driver.count(SettleStep) == 1 and isinstance(driver.steps[-2], SettleStep)
     assert driver.steps[-2].outcome == "stale" and driver.steps[-1].effects == driver.settled
-    assert driver.count(Decide) == (0 if probe_stale else 1)
-    call = next(s for s in driver.steps if isinstance(s, CallReconcile))
+    assert driver.count(DecideStep) == (0 if probe_stale else 1)
+    call = next(s for s in driver.steps if isinstance(s, ReconcileStep))
     assert call.intent is intent and call.record == outcome.current
     assert driver.steps[-1] is call  # nothing happens after the handler
 
@@ -1043,7 +1042,7 @@ def test_flow_recompute_sleeps_between_attempts_within_bounds() -> None:
     # each sleep comes right before a decide
     for i, step in enumerate(driver.steps):
         if isinstance(step, Sleep):
-            assert isinstance(driver.steps[i + 1], Decide)
+            assert isinstance(driver.steps[i + 1], DecideStep)
 
 
 def test_flow_recompute_commits_when_the_record_settles() -> None:
@@ -1060,7 +1059,7 @@ def test_flow_recompute_commits_when_the_record_settles() -> None:
     assert isinstance(outcome, Committed) and outcome.record.version == 6
     assert outcome.intent is not None and outcome.intent.id == "i-1~3"
     assert outcome.intent.expected_version == 5
-    assert driver.count(Decide) == 3
+    assert driver.count(DecideStep) == 3
 
 
 @pytest.mark.parametrize("status", [Status.DUPLICATE, Status.MISSING, Status.FENCED_NEWER])
@@ -1075,7 +1074,7 @@ def test_flow_recompute_stops_on_a_final_answer(status: Status) -> None:
     assert outcome.kind == {"duplicate": "duplicate", "missing": "missing"}.get(
         status.value, "fenced"
     )
-    assert driver.count(Decide) == 2
+    assert driver.count(DecideStep) == 2
 
 
 def test_flow_recompute_of_a_guard_only_intent_reguards_current_values() -> None:
@@ -1119,10 +1118,10 @@ def test_flow_never_decides_more_than_attempts_whatever_the_answers() -> None:
         probe_status = rng.choice([Status.OK, Status.STALE])
         driver = Driver(CommitResult(probe_status, make_record()), commit)
         outcome = driver.run(make_intent(), Recompute(attempts=attempts, backoff=0), rng)
-        assert driver.count(Decide) <= attempts
-        assert driver.count(Commit) == driver.count(Decide)
+        assert driver.count(DecideStep) <= attempts
+        assert driver.count(CommitStep) == driver.count(DecideStep)
         if isinstance(outcome, Contended):
-            assert driver.count(Decide) == attempts
+            assert driver.count(DecideStep) == attempts
 
 
 # -- acquire_flow and heartbeat_flow, driven by hand ---------------------------------------
@@ -1135,8 +1134,8 @@ class FakeClock:
 
 
 def test_acquire_flow_without_wait_tries_once() -> None:
-    flow = acquire_flow(None)
-    assert isinstance(next(flow), Acquire)
+    flow = lease_wait_flow(None)
+    assert isinstance(next(flow), AcquireStep)
     refused = LeaseAnswer(False, LeaseRow("l", "a", 1, 10.0), 5.0)
     with pytest.raises(StopIteration) as stop:
         flow.send(refused)
@@ -1146,12 +1145,12 @@ def test_acquire_flow_without_wait_tries_once() -> None:
 def test_acquire_flow_waits_jittered_until_the_deadline() -> None:
     clock = FakeClock()
     start = clock.now
-    flow = acquire_flow(1.0, clock, random.Random(5))
+    flow = lease_wait_flow(1.0, clock, random.Random(5))
     step = next(flow)
     sleeps: list[tuple[float, float]] = []  # (seconds, time left before the sleep)
     held = LeaseAnswer(False, LeaseRow("l", "a", 1, 5.0 + 0.3), 5.0)  # 0.3 s left on the store
     while True:
-        assert isinstance(step, Acquire)
+        assert isinstance(step, AcquireStep)
         clock.now += 0.002  # a round trip to the store
         try:
             step = flow.send(held)
@@ -1174,7 +1173,7 @@ def test_acquire_flow_waits_jittered_until_the_deadline() -> None:
 
 
 def test_acquire_flow_returns_when_granted() -> None:
-    flow = acquire_flow(10.0, FakeClock())
+    flow = lease_wait_flow(10.0, FakeClock())
     next(flow)
     flow.send(LeaseAnswer(False, LeaseRow("l", "a", 1, 2.0), 1.0))
     next(flow)
@@ -1191,10 +1190,10 @@ def test_heartbeat_flow_renews_until_refused() -> None:
     for _ in range(5):
         assert isinstance(step, Sleep) and step.seconds == 1.0
         clock.now += 10.0  # successful renewals reset the clock of failures
-        assert isinstance(flow.send(None), Renew)
+        assert isinstance(flow.send(None), RenewStep)
         step = flow.send(True)
     assert isinstance(step, Sleep)
-    assert isinstance(flow.send(None), Renew)
+    assert isinstance(flow.send(None), RenewStep)
     with pytest.raises(StopIteration) as stop:
         flow.send(False)
     assert stop.value.value is None  # refused by the store: lost, no error text
@@ -1208,7 +1207,7 @@ def test_heartbeat_flow_retries_errors_for_one_ttl() -> None:
     while True:
         assert isinstance(step, Sleep)
         clock.now += step.seconds
-        assert isinstance(flow.send(None), Renew)
+        assert isinstance(flow.send(None), RenewStep)
         try:
             step = flow.send(OSError("connection refused"))
         except StopIteration as stop:

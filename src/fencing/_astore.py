@@ -16,6 +16,7 @@ from typing import Any
 
 from ._effects import Effect
 from ._errors import LeaseHeld, LeaseLost, StoreClosed, WrongEventLoop
+from ._flow import Sleep, adrive
 from ._front import (
     LeaseBase,
     StoreOptions,
@@ -30,26 +31,25 @@ from ._front import (
     reconcile_query,
 )
 from ._policy import (
-    Acquire,
-    CallReconcile,
-    Commit,
-    Decide,
+    AcquireStep,
+    CommitStep,
+    DecideStep,
     Drop,
-    Probe,
-    Settle,
-    Sleep,
+    ProbeStep,
+    ReconcileStep,
+    SettleStep,
     StalePolicy,
-    acquire_flow,
-    adrive,
     apply_flow,
     check_policy,
     heartbeat_flow,
+    lease_wait_flow,
     settle_flow,
 )
+from ._request import LeaseAnswer, Target
 from ._runner import AsyncRunner, Stopped, current_loop, maybe_await, sleep_async
 from ._validate import check_column, check_name
 from ._values import Intent, Outcome, Record
-from .backends._contract import AsyncBackend, LeaseAnswer, Target
+from .backends._contract import AsyncBackend
 
 __all__ = ["AsyncCollection", "AsyncLease", "AsyncLeaseContext", "AsyncStore", "AsyncTable"]
 
@@ -99,7 +99,7 @@ class _AsyncOps(TargetOps):
         """Settle the intent's effects if ``outcome`` ended it uncommitted."""
         return await adrive(settle_flow(outcome), self._settle)
 
-    async def _settle(self, step: Settle) -> list[Effect]:
+    async def _settle(self, step: SettleStep) -> list[Effect]:
         scope, root = self.target.scope, step.intent.root_id
         return await self._backend.settle_effects(scope, root, step.outcome)
 
@@ -135,17 +135,17 @@ class _AsyncOps(TargetOps):
         probe = self._probe_request(intent, lease)
 
         async def handle(step: Any) -> Any:
-            if isinstance(step, Probe):
+            if isinstance(step, ProbeStep):
                 return await self._backend.probe(probe)
-            if isinstance(step, Decide):
+            if isinstance(step, DecideStep):
                 return await maybe_await(decide(step.record))
-            if isinstance(step, Commit):
+            if isinstance(step, CommitStep):
                 return await self._backend.commit(self._request(step.intent, step.state, lease))
             if isinstance(step, Sleep):
                 return await sleep_async(step.seconds)
-            if isinstance(step, Settle):
+            if isinstance(step, SettleStep):
                 return await self._settle(step)
-            if isinstance(step, CallReconcile) and not isinstance(policy, Drop | type(None)):
+            if isinstance(step, ReconcileStep) and not isinstance(policy, Drop | type(None)):
                 handler = getattr(policy, "handler")  # noqa: B009 - Reconcile only
                 return await maybe_await(handler(step.intent, step.record, step.effects))
             raise AssertionError(step)  # pragma: no cover
@@ -185,7 +185,7 @@ class _AsyncOps(TargetOps):
         listed for reconciliation. Returns the intent's effects. The task-queue
         integrations call it when a task fails without a retry."""
         checked = self._check_intent(intent)
-        return await self._settle(Settle(checked, "abandoned"))
+        return await self._settle(SettleStep(checked, "abandoned"))
 
     async def effects(self, intent: Intent) -> list[Effect]:
         """The effects recorded for ``intent``'s work (any derivation of its root id)."""
@@ -406,11 +406,11 @@ class AsyncStore:
         wait = check_wait(wait)
 
         async def handle(step: Any) -> Any:
-            if isinstance(step, Acquire):
+            if isinstance(step, AcquireStep):
                 return await self._live().acquire(name, owner, ttl)
             return await sleep_async(step.seconds)
 
-        answer: LeaseAnswer = await adrive(acquire_flow(wait), handle)
+        answer: LeaseAnswer = await adrive(lease_wait_flow(wait), handle)
         if not answer.granted:
             raise _held(name, answer)
         lease = AsyncLease(self, name, owner, ttl, answer)

@@ -30,11 +30,10 @@ from ._errors import (
     RecordNotFound,
     SchemaError,
 )
-from ._policy import outcome_for
+from ._request import CommitRequest, CommitResult, LeaseAnswer, Target, outcome_for
 from ._rules import LeaseRef, LeaseRow, check_ttl
 from ._validate import check_column, check_key, check_name, compact_json, dump_state, is_unicode
 from ._values import Fenced, Intent, Outcome, Record
-from .backends._contract import CommitRequest, CommitResult, LeaseAnswer, Target
 
 if TYPE_CHECKING:
     from ._values import Kind

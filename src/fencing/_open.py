@@ -3,136 +3,25 @@
 from __future__ import annotations
 
 import importlib
-import re
-from dataclasses import dataclass, field
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlsplit
 
 from ._astore import AsyncStore
-from ._errors import ConfigurationError, InvalidInput
+from ._errors import ConfigurationError, InvalidInput, MissingDependency
 from ._front import StoreOptions
 from ._store import Store
+from ._url import BACKENDS, StoreURL
 from ._validate import DEFAULT_MAX_STATE_BYTES
 from .backends._contract import AsyncBackend, Backend
 
-__all__ = ["DEFAULT_RETENTION", "StoreURL", "open", "open_async", "redact_url"]
+__all__ = ["DEFAULT_RETENTION", "open", "open_async"]
 
 #: How long applied intent ids are kept for ``Duplicate`` detection (30 days).
 #: After that a replayed intent is still refused, as ``Stale``: its version moved on.
 DEFAULT_RETENTION: Final = 30 * 24 * 3600.0
 
-# scheme -> (module, extra to install)
-_BACKENDS: Final = {
-    "memory": ("fencing.backends.memory", None),
-    "sqlite": ("fencing.backends.sqlite", None),
-    "postgresql": ("fencing.backends.postgres", "postgres"),
-    "postgres": ("fencing.backends.postgres", "postgres"),
-    "mysql": ("fencing.backends.mysql", "mysql"),
-    "mariadb": ("fencing.backends.mysql", "mysql"),
-    "redis": ("fencing.backends.redis", "redis"),
-    "rediss": ("fencing.backends.redis", "redis"),
-}
-
-
-# query parameters whose values are secrets (libpq takes ``?password=`` and ``sslpassword``)
-_SECRET_PARAM = re.compile(
-    r"([?&;](?:[a-z_]*pass(?:word|wd)?|secret|token|sslkey)=)[^&;#]*", re.IGNORECASE
-)
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]{0,31}")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password (in its user info or its query) replaced by ``***``.
-
-    Works on malformed URLs too: everything between the user name and the *last* ``@``
-    is taken as the password, so a password holding ``@``, ``/`` or ``:`` is hidden whole.
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return "<a store URL without scheme://>"
-    if scheme.lower() in ("sqlite", "memory"):
-        return _SECRET_PARAM.sub(r"\1***", url)
-    at = rest.rfind("@")
-    if at >= 0:
-        user, colon, _ = rest[:at].partition(":")
-        rest = f"{user}{':***' if colon else ''}@{rest[at + 1 :]}"
-    return _SECRET_PARAM.sub(r"\1***", f"{scheme}://{rest}")
-
-
-@dataclass(frozen=True)
-class StoreURL:
-    """A parsed store URL; ``options`` are its query parameters. Its repr hides secrets."""
-
-    raw: str = field(repr=False)
-    scheme: str
-    host: str | None
-    port: int | None
-    username: str | None
-    password: str | None = field(repr=False)
-    path: str
-    options: dict[str, str] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def parse(cls, url: object) -> StoreURL:
-        # Never echo the URL as given: it may hold a password. ``redact_url`` only.
-        if not isinstance(url, str):
-            raise ConfigurationError(f"a store URL is a string, not {type(url).__name__}")
-        if "://" not in url:
-            raise ConfigurationError("a store URL must look like scheme://...")
-        scheme, rest = url.split("://", 1)
-        scheme = scheme.lower()
-        if scheme not in _BACKENDS:
-            known = ", ".join(sorted(_BACKENDS))
-            shown = repr(scheme) if _SCHEME.fullmatch(scheme) else "(not a scheme)"
-            raise ConfigurationError(f"unknown store URL scheme {shown}; known: {known}")
-        if scheme == "sqlite":
-            path, _, query = rest.partition("?")
-            if path.startswith("/"):
-                path = path[1:]
-            if not path:
-                raise ConfigurationError(
-                    "sqlite URL needs a path: sqlite:///app.db or sqlite://:memory:"
-                )
-            return cls(url, scheme, None, None, None, None, path, _options(query))
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError:
-            port = -1
-        if port == -1:  # raised outside the handler: the parser's message (which may
-            # quote part of the password) is neither the cause nor the context
-            raise ConfigurationError(f"store URL {redact_url(url)!r} is malformed")
-        return cls(
-            url,
-            scheme,
-            parts.hostname,
-            port,
-            parts.username,
-            parts.password,
-            parts.path.lstrip("/"),
-            _options(parts.query),
-        )
-
-    def option(self, name: str, default: str) -> str:
-        return self.options.get(name, default)
-
-    def redacted(self) -> str:
-        """The URL with its password (user info or query) shown as ``***``."""
-        return redact_url(self.raw)
-
-
-def _options(query: str) -> dict[str, str]:
-    try:
-        return dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
-    except ValueError:
-        pass
-    # outside the handler: the parser's message would quote the query (secrets too)
-    shown = _SECRET_PARAM.sub(r"\1***", "?" + query)
-    raise ConfigurationError(f"store URL query {shown!r} is malformed")
-
 
 def _module(scheme: str) -> Any:
-    module, extra = _BACKENDS[scheme]
+    module, extra = BACKENDS[scheme]
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
@@ -144,8 +33,6 @@ def _module(scheme: str) -> Any:
 
 
 def _missing(extra: str, exc: ModuleNotFoundError) -> Exception:
-    from ._errors import MissingDependency
-
     return MissingDependency(
         f"the {extra} backend needs {exc.name}: pip install 'fencing[{extra}]'"
     )

@@ -10,38 +10,33 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ._effects import Effect, settles
-from ._errors import FencingError, InvalidInput
+from ._errors import InvalidInput
+from ._flow import Flow, Sleep
+from ._request import CommitResult, outcome_for
 from ._rules import Status
 from ._values import (
     SKIP,
-    Committed,
     Contended,
-    Duplicate,
-    Fenced,
-    FenceReason,
     Intent,
-    Missing,
     Outcome,
     Record,
     Skipped,
     Stale,
 )
-from .backends._contract import CommitResult
 
 __all__ = [
     "Drop",
     "Recompute",
     "Reconcile",
     "StalePolicy",
-    "adrive",
     "apply_flow",
-    "drive",
-    "outcome_for",
+    "heartbeat_flow",
+    "lease_wait_flow",
     "settle_flow",
 ]
 
@@ -119,61 +114,37 @@ def check_policy(policy: object) -> StalePolicy:
 
 # -- the steps a flow asks its driver to carry out -----------------------------------
 @dataclass(frozen=True, slots=True)
-class Probe:
+class ProbeStep:
     intent: Intent
 
 
 @dataclass(frozen=True, slots=True)
-class Decide:
+class DecideStep:
     record: Record
 
 
 @dataclass(frozen=True, slots=True)
-class Commit:
+class CommitStep:
     intent: Intent
     state: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
-class Sleep:
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class CallReconcile:
+class ReconcileStep:
     intent: Intent
     record: Record
     effects: tuple[Effect, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
-class Settle:
+class SettleStep:
     """Mark the intent's recorded effects with the outcome that ended it uncommitted."""
 
     intent: Intent
     outcome: str
 
 
-Step = Probe | Decide | Commit | Sleep | CallReconcile | Settle
-Flow = Generator[Any, Any, R]
-
-
-def outcome_for(result: CommitResult, intent: Intent) -> Outcome:
-    """The public outcome for a backend's answer."""
-    status, record = result
-    if status is Status.APPLIED and record is not None:
-        return Committed(record, intent)
-    if status is Status.MISSING or record is None:
-        return Missing(intent)
-    if status is Status.STALE:
-        return Stale(record, intent)
-    if status is Status.DUPLICATE:
-        return Duplicate(record, intent)
-    if status is Status.FENCED_NEWER:
-        return Fenced(record, FenceReason.NEWER_OWNER, intent)
-    if status is Status.FENCED_EXPIRED:
-        return Fenced(record, FenceReason.EXPIRED, intent)
-    raise AssertionError(f"unexpected status {status}")  # pragma: no cover
+Step = ProbeStep | DecideStep | CommitStep | Sleep | ReconcileStep | SettleStep
 
 
 def _recompute_intent(intent: Intent, current: Record, attempt: int) -> Intent:
@@ -193,16 +164,16 @@ def apply_flow(
     An outcome that ends the work uncommitted (stale, fenced, contended, missing)
     settles the intent's recorded effects; ``Reconcile``'s handler gets them.
     """
-    result: CommitResult = yield Probe(intent)
+    result: CommitResult = yield ProbeStep(intent)
     current = intent
     calls = 0
     while True:
         if result.status is Status.OK and result.record is not None:
             calls += 1
-            state = yield Decide(result.record)
+            state = yield DecideStep(result.record)
             if state is SKIP:
                 return Skipped(result.record, current)
-            result = yield Commit(current, state)
+            result = yield CommitStep(current, state)
         if result.status is not Status.STALE or result.record is None:
             return (yield from settle_flow(outcome_for(result, current)))
         record = result.record
@@ -215,8 +186,8 @@ def apply_flow(
             result = CommitResult(Status.OK, record)
             continue
         if isinstance(policy, Reconcile):
-            effects: list[Effect] = yield Settle(current, "stale")
-            yield CallReconcile(current, record, tuple(effects))
+            effects: list[Effect] = yield SettleStep(current, "stale")
+            yield ReconcileStep(current, record, tuple(effects))
             return Stale(record, current)
         return (yield from settle_flow(Stale(record, current)))
 
@@ -226,56 +197,22 @@ def settle_flow(outcome: Outcome) -> Flow[Outcome]:
     kind = settles(outcome)
     intent = getattr(outcome, "intent", None)
     if kind is not None and intent is not None:
-        yield Settle(intent, kind)
+        yield SettleStep(intent, kind)
     return outcome
-
-
-def drive(flow: Flow[R], handle: Callable[[Any], Any]) -> R:
-    """Run a flow synchronously: ``handle(step)`` carries out each step.
-
-    A ``FencingError`` raised by a step is thrown back into the flow at that step, so
-    a flow may handle it (backends re-run a statement); otherwise it propagates.
-    """
-    try:
-        step = next(flow)
-        while True:
-            try:
-                result = handle(step)
-            except FencingError as exc:
-                step = flow.throw(exc)
-            else:
-                step = flow.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-async def adrive(flow: Flow[R], handle: Callable[[Any], Awaitable[Any]]) -> R:
-    """Run a flow on an event loop: ``await handle(step)`` carries out each step."""
-    try:
-        step = next(flow)
-        while True:
-            try:
-                result = await handle(step)
-            except FencingError as exc:
-                step = flow.throw(exc)
-            else:
-                step = flow.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
 
 
 # -- leases: waiting for a held lease, and the heartbeat ------------------------------
 @dataclass(frozen=True, slots=True)
-class Acquire:
+class AcquireStep:
     pass
 
 
 @dataclass(frozen=True, slots=True)
-class Renew:
+class RenewStep:
     pass
 
 
-def acquire_flow(
+def lease_wait_flow(
     wait: float | None,
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
@@ -284,7 +221,7 @@ def acquire_flow(
     deadline = None if wait is None else clock() + wait
     delay = 0.005
     while True:
-        answer = yield Acquire()
+        answer = yield AcquireStep()
         if answer.granted or deadline is None:
             return answer
         left = deadline - clock()
@@ -309,7 +246,7 @@ def heartbeat_flow(
     last_ok = clock()
     while True:
         yield Sleep(interval)
-        result = yield Renew()
+        result = yield RenewStep()
         if result is True:
             last_ok = clock()
         elif result is False:

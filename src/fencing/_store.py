@@ -15,6 +15,7 @@ from typing import Any
 
 from ._effects import Effect
 from ._errors import LeaseHeld, LeaseLost, StoreClosed, WrongEventLoop
+from ._flow import Sleep, drive
 from ._front import (
     LeaseBase,
     StoreOptions,
@@ -29,26 +30,25 @@ from ._front import (
     reconcile_query,
 )
 from ._policy import (
-    Acquire,
-    CallReconcile,
-    Commit,
-    Decide,
+    AcquireStep,
+    CommitStep,
+    DecideStep,
     Drop,
-    Probe,
-    Settle,
-    Sleep,
+    ProbeStep,
+    ReconcileStep,
+    SettleStep,
     StalePolicy,
-    acquire_flow,
     apply_flow,
     check_policy,
-    drive,
     heartbeat_flow,
+    lease_wait_flow,
     settle_flow,
 )
+from ._request import LeaseAnswer, Target
 from ._runner import Stopped, ThreadRunner, no_loop, passthrough, sleep_sync
 from ._validate import check_column, check_name
 from ._values import Intent, Outcome, Record
-from .backends._contract import Backend, LeaseAnswer, Target
+from .backends._contract import Backend
 
 __all__ = ["Collection", "Lease", "LeaseContext", "Store", "Table"]
 
@@ -98,7 +98,7 @@ class _Ops(TargetOps):
         """Settle the intent's effects if ``outcome`` ended it uncommitted."""
         return drive(settle_flow(outcome), self._settle)
 
-    def _settle(self, step: Settle) -> list[Effect]:
+    def _settle(self, step: SettleStep) -> list[Effect]:
         scope, root = self.target.scope, step.intent.root_id
         return self._backend.settle_effects(scope, root, step.outcome)
 
@@ -134,17 +134,17 @@ class _Ops(TargetOps):
         probe = self._probe_request(intent, lease)
 
         def handle(step: Any) -> Any:
-            if isinstance(step, Probe):
+            if isinstance(step, ProbeStep):
                 return self._backend.probe(probe)
-            if isinstance(step, Decide):
+            if isinstance(step, DecideStep):
                 return passthrough(decide(step.record))
-            if isinstance(step, Commit):
+            if isinstance(step, CommitStep):
                 return self._backend.commit(self._request(step.intent, step.state, lease))
             if isinstance(step, Sleep):
                 return sleep_sync(step.seconds)
-            if isinstance(step, Settle):
+            if isinstance(step, SettleStep):
                 return self._settle(step)
-            if isinstance(step, CallReconcile) and not isinstance(policy, Drop | type(None)):
+            if isinstance(step, ReconcileStep) and not isinstance(policy, Drop | type(None)):
                 handler = getattr(policy, "handler")  # noqa: B009 - Reconcile only
                 return passthrough(handler(step.intent, step.record, step.effects))
             raise AssertionError(step)  # pragma: no cover
@@ -184,7 +184,7 @@ class _Ops(TargetOps):
         listed for reconciliation. Returns the intent's effects. The task-queue
         integrations call it when a task fails without a retry."""
         checked = self._check_intent(intent)
-        return self._settle(Settle(checked, "abandoned"))
+        return self._settle(SettleStep(checked, "abandoned"))
 
     def effects(self, intent: Intent) -> list[Effect]:
         """The effects recorded for ``intent``'s work (any derivation of its root id)."""
@@ -405,11 +405,11 @@ class Store:
         wait = check_wait(wait)
 
         def handle(step: Any) -> Any:
-            if isinstance(step, Acquire):
+            if isinstance(step, AcquireStep):
                 return self._live().acquire(name, owner, ttl)
             return sleep_sync(step.seconds)
 
-        answer: LeaseAnswer = drive(acquire_flow(wait), handle)
+        answer: LeaseAnswer = drive(lease_wait_flow(wait), handle)
         if not answer.granted:
             raise _held(name, answer)
         lease = Lease(self, name, owner, ttl, answer)

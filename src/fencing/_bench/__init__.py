@@ -105,7 +105,7 @@ def _scenario(url: str | None, synchronous: str = "full") -> Scenario:
         from ._sqlite import SQLiteBench
 
         return SQLiteBench(None, synchronous)
-    from .._open import StoreURL
+    from .._url import StoreURL
 
     scheme = StoreURL.parse(url).scheme
     if scheme == "sqlite":
@@ -128,7 +128,7 @@ def _scenario(url: str | None, synchronous: str = "full") -> Scenario:
 
 
 def _redacted(url: str) -> str:
-    from .._open import StoreURL
+    from .._url import StoreURL
 
     try:
         return StoreURL.parse(url).redacted()
@@ -231,7 +231,7 @@ _SCHEMES: Final = frozenset(
 
 def check_store(url: str) -> str:
     """A store URL the bench can measure; anything else raises before any work."""
-    from .._open import StoreURL
+    from .._url import StoreURL
 
     scheme = StoreURL.parse(url).scheme
     if scheme not in _SCHEMES:

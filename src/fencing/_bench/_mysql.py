@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import fencing
 
 from .._errors import MissingDependency, StoreError, TransientStoreError
-from .._open import StoreURL
+from .._url import StoreURL
 from ._common import (
     KEYS,
     START,

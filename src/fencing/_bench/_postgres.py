@@ -21,7 +21,7 @@ from typing import Any, Final
 import fencing
 
 from .._errors import MissingDependency, StoreError, TransientStoreError
-from .._open import StoreURL
+from .._url import StoreURL
 from ._common import (
     KEYS,
     START,

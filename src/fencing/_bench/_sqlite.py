@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import fencing
 
-from .._open import StoreURL
+from .._url import StoreURL
 from ..backends.sqlite import SQLiteBackend
 from ._common import (
     KEYS,

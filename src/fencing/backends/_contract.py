@@ -22,121 +22,17 @@ Effects (``fencing._effects``) are rows keyed by their idempotency key:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from .._effects import Effect, EffectQuery, NewEffect
-from .._errors import SchemaError
-from .._rules import LeaseRef, LeaseRow, Status
-from .._validate import compact_json
-from .._values import Intent, Kind, Record
+from .._flow import Flow
+from .._request import CommitRequest, CommitResult, LeaseAnswer, Target
+from .._values import Record
 
-__all__ = [
-    "AsyncBackend",
-    "Backend",
-    "CommitRequest",
-    "CommitResult",
-    "LeaseAnswer",
-    "Target",
-    "ThreadedAsyncBackend",
-    "table_version",
-]
+__all__ = ["AsyncBackend", "Backend", "Flows", "ThreadedAsyncBackend"]
 
 T = TypeVar("T")
-
-
-def table_version(value: Any, target: Target, key: object) -> int:
-    """A guarded table row's version as read: ``SchemaError`` if it is NULL (or not an
-    integer), which a guarded table's version column must never hold."""
-    if value is None or isinstance(value, bool):
-        raise SchemaError(
-            f"table {target.name!r} row {key!r} has NULL in its version column"
-            f" {target.version_column!r}: a guarded table's version column must be an"
-            " integer, NOT NULL (fencing migrate URL --guard-table adds the guard)"
-        )
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise SchemaError(
-            f"table {target.name!r} row {key!r} has a non-integer version in column"
-            f" {target.version_column!r}"
-        ) from None
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """Where records live: a library-managed collection, or a table the user owns."""
-
-    kind: Kind
-    name: str
-    key_column: str = "key"
-    version_column: str | None = "version"
-
-    @property
-    def scope(self) -> str:
-        """The namespace of applied intents and fences: ``c:name`` or ``t:name``."""
-        return ("c:" if self.kind == "collection" else "t:") + self.name
-
-
-@dataclass(frozen=True, slots=True)
-class CommitRequest:
-    """One conditional write: apply ``state`` if ``intent`` still holds (and ``lease``).
-
-    ``state`` was validated before any I/O. ``json_text`` is its canonical JSON when
-    the front made it (a collection's state); a table's state is flat column values
-    that most backends bind one by one, so its JSON is made only if a backend asks
-    for ``state_json``.
-    """
-
-    target: Target
-    intent: Intent
-    state: Mapping[str, Any]
-    json_text: str | None
-    lease: LeaseRef | None = None
-
-    @property
-    def state_json(self) -> str:
-        """The canonical JSON of ``state`` (made once, on first use, for a table)."""
-        text = self.json_text
-        if text is None:
-            text = compact_json(dict(self.state))
-            object.__setattr__(self, "json_text", text)
-        return text
-
-    @property
-    def claim_id(self) -> str:
-        """The id under which the store records the intent as applied: its root id.
-
-        A ``Recompute`` commits a derived intent (``<root>~<n>``) in place of the
-        original; every derivation of one root shares one claim, so the work of one
-        intent is applied at most once, however it is redelivered or recomputed.
-        """
-        return self.intent.root_id
-
-
-class CommitResult(NamedTuple):
-    """What the store did: the status and the record (new if applied, else current).
-
-    A named tuple rather than a frozen dataclass: one is made per commit, and a tuple
-    is made five times faster.
-    """
-
-    status: Status
-    record: Record | None
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseAnswer:
-    """A lease operation's answer: the row after it, and whether it was granted.
-
-    ``now`` is the store's clock at that moment, so callers can tell how long is left
-    without trusting their own clock.
-    """
-
-    granted: bool
-    row: LeaseRow | None
-    now: float
 
 
 class Backend(Protocol):
@@ -199,6 +95,31 @@ class AsyncBackend(Protocol):
     async def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]: ...
     async def list_effects(self, query: EffectQuery) -> list[Effect]: ...
     async def prune_effects(self, older_than: float) -> int: ...
+
+
+class Flows(Protocol):
+    """A backend's flows: one per operation of the contract (``_contract.Backend``)."""
+
+    def migrate(self) -> Flow[None]: ...
+    def columns(self, target: Target, declare: frozenset[str] | None) -> Flow[frozenset[str]]: ...
+    def read(self, target: Target, key: str | int) -> Flow[Record | None]: ...
+    def probe(self, request: CommitRequest) -> Flow[CommitResult]: ...
+    def create(self, target: Target, key: str | int, state_json: str) -> Flow[Record]: ...
+    def delete(self, target: Target, key: str | int) -> Flow[bool]: ...
+    def commit(self, request: CommitRequest) -> Flow[CommitResult]: ...
+    def commit_many(self, requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]: ...
+    def acquire(self, name: str, owner: str, ttl: float) -> Flow[LeaseAnswer]: ...
+    def renew(self, name: str, token: int, ttl: float) -> Flow[LeaseAnswer]: ...
+    def release(self, name: str, token: int) -> Flow[LeaseAnswer]: ...
+    def lease_state(self, name: str) -> Flow[LeaseAnswer]: ...
+    def prune(self, older_than: float) -> Flow[int]: ...
+    def record_effect(self, row: NewEffect) -> Flow[Effect]: ...
+    def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Flow[Effect | None]: ...
+    def settle_effects(self, scope: str, intent_id: str, outcome: str) -> Flow[list[Effect]]: ...
+    def list_effects(self, query: EffectQuery) -> Flow[list[Effect]]: ...
+    def prune_effects(self, older_than: float) -> Flow[int]: ...
 
 
 class ThreadedAsyncBackend:

@@ -15,9 +15,9 @@ from typing import Any
 
 from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, pending, prunable
 from .._errors import AlreadyExists, ConfigurationError, SchemaError
+from .._request import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._values import Record
-from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 
 __all__ = ["MemoryBackend"]
 

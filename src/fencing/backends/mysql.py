@@ -167,17 +167,10 @@ from .._errors import (
     StoreError,
     TransientStoreError,
 )
+from .._request import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 from .._rules import LeaseRow, Status, judge
 from .._values import Record
-from ._contract import (
-    AsyncBackend,
-    Backend,
-    CommitRequest,
-    CommitResult,
-    LeaseAnswer,
-    Target,
-    table_version,
-)
+from ._contract import AsyncBackend, Backend
 from ._pool import Pool
 
 __all__ = [

@@ -112,11 +112,11 @@ from .._errors import (
     StoreError,
     TransientStoreError,
 )
-from .._policy import adrive, drive
+from .._flow import adrive, drive
+from .._request import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._validate import check_column
 from .._values import Record
-from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 from ._pool import Pool
 from ._postgres_effects import AsyncPostgresEffects, PostgresEffects, effects_ddl
 
@@ -132,7 +132,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised with the driv
     ) from exc
 
 if TYPE_CHECKING:
-    from .._open import StoreURL
+    from .._url import StoreURL
     from ._contract import AsyncBackend, Backend
 
 __all__ = [

@@ -180,11 +180,11 @@ from .._errors import (
     StoreError,
     TransientStoreError,
 )
-from .._policy import adrive, drive
+from .._flow import adrive, drive
+from .._request import CommitRequest, CommitResult, LeaseAnswer, Target
 from .._rules import LeaseRow, Status, judge
 from .._validate import check_column
 from .._values import Record
-from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target
 from ._redis_conn import guard_cluster, guard_pool, guarded_async
 from ._redis_errors import dropped_under_us, lost_connection, revive
 
@@ -194,7 +194,7 @@ if TYPE_CHECKING:
     import redis.asyncio.cluster as redis_async_cluster
     import redis.cluster as redis_sync_cluster
 
-    from .._open import StoreURL
+    from .._url import StoreURL
 
     SyncClient = redis_sync.Redis | redis_sync_cluster.RedisCluster
     AsyncClient = redis_async.Redis | redis_async_cluster.RedisCluster

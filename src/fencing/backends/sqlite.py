@@ -40,9 +40,9 @@ from .._errors import (
     StoreError,
     TransientStoreError,
 )
+from .._request import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._values import Record
-from ._contract import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 
 __all__ = ["SCHEMA_VERSION", "SQLiteBackend"]
 

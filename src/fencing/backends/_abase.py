@@ -1,0 +1,112 @@
+"""The one shape of a flow-driven backend: every operation of the contract is "run
+this flow".
+
+A backend is its flows plus one driver. It supplies
+
+* ``flows``: an object with one flow per operation (``_contract.Flows``), built from the
+  backend's settings. A flow is an I/O-free generator (``fencing._flow``) that yields
+  the backend's own steps (a statement, a pipeline, a script call, a ``Sleep``) and
+  receives their results; it never sees a connection, so the same flow runs on the
+  store's pool or on a connection the caller gives;
+* ``_run(step)``: how one step meets the driver (check a connection out, execute,
+  return the result), raising only ``FencingError`` (driver errors translated by the
+  backend's ``translate``). A retryable error is thrown back into the flow at the step
+  that failed, and the flow decides: run the step again, re-read, or let it propagate.
+  That is the only way any backend retries;
+* ``close()``.
+
+It may override an operation where a measured hot path needs it (Redis sends a commit's
+one script call without a flow). ``_abase.py`` is the source; ``_base.py`` (the sync
+``FlowBackend``) is generated from it by ``scripts/unasync.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from .._effects import Effect, EffectQuery, NewEffect
+from .._flow import Flow, adrive
+from .._request import CommitRequest, CommitResult, LeaseAnswer, Target
+from .._values import Record
+from ._contract import Flows
+
+__all__ = ["AsyncFlowBackend"]
+
+R = TypeVar("R")
+
+
+class AsyncFlowBackend:
+    """The contract (``_contract.AsyncBackend``) as "run this flow", on an event loop."""
+
+    scheme: str
+    flows: Flows
+
+    async def _run(self, step: Any) -> Any:
+        """Carry out one step of a flow (the backend's driver)."""
+        raise NotImplementedError
+
+    async def _drive(self, flow: Flow[R]) -> R:
+        return await adrive(flow, self._run)
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def migrate(self) -> None:
+        await self._drive(self.flows.migrate())
+
+    async def columns(
+        self, target: Target, declare: frozenset[str] | None = None
+    ) -> frozenset[str]:
+        return await self._drive(self.flows.columns(target, declare))
+
+    async def read(self, target: Target, key: str | int) -> Record | None:
+        return await self._drive(self.flows.read(target, key))
+
+    async def probe(self, request: CommitRequest) -> CommitResult:
+        return await self._drive(self.flows.probe(request))
+
+    async def create(self, target: Target, key: str | int, state_json: str) -> Record:
+        return await self._drive(self.flows.create(target, key, state_json))
+
+    async def delete(self, target: Target, key: str | int) -> bool:
+        return await self._drive(self.flows.delete(target, key))
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        return await self._drive(self.flows.commit(request))
+
+    async def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitResult]:
+        return await self._drive(self.flows.commit_many(requests))
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer:
+        return await self._drive(self.flows.acquire(name, owner, ttl))
+
+    async def renew(self, name: str, token: int, ttl: float) -> LeaseAnswer:
+        return await self._drive(self.flows.renew(name, token, ttl))
+
+    async def release(self, name: str, token: int) -> LeaseAnswer:
+        return await self._drive(self.flows.release(name, token))
+
+    async def lease_state(self, name: str) -> LeaseAnswer:
+        return await self._drive(self.flows.lease_state(name))
+
+    async def prune(self, older_than: float) -> int:
+        return await self._drive(self.flows.prune(older_than))
+
+    async def record_effect(self, row: NewEffect) -> Effect:
+        return await self._drive(self.flows.record_effect(row))
+
+    async def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Effect | None:
+        flow = self.flows.mark_effect(idempotency_key, status, detail_json, reconcile)
+        return await self._drive(flow)
+
+    async def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
+        return await self._drive(self.flows.settle_effects(scope, intent_id, outcome))
+
+    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+        return await self._drive(self.flows.list_effects(query))
+
+    async def prune_effects(self, older_than: float) -> int:
+        return await self._drive(self.flows.prune_effects(older_than))
