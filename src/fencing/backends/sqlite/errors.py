@@ -1,0 +1,23 @@
+"""SQLite's errors, translated at the boundary: a busy or locked database, or a failing
+disk, is ``TransientStoreError``; a missing table or column ``SchemaError``; anything else
+``StoreError``."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ..._errors import FencingError, SchemaError, StoreError, TransientStoreError
+
+__all__ = ["translate"]
+
+
+def translate(exc: sqlite3.Error) -> FencingError:
+    """The fencing error for a driver error (``raise translate(exc) from exc``)."""
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and (
+        "locked" in text or "busy" in text or "disk I/O" in text
+    ):
+        return TransientStoreError(f"sqlite: {text}")
+    if "no such table" in text or "no such column" in text:
+        return SchemaError(f"sqlite: {text} (run store.migrate() / fencing migrate URL?)")
+    return StoreError(f"sqlite: {text}")

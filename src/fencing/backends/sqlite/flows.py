@@ -1,0 +1,167 @@
+"""SQLite's flows: each operation is one step, ``Txn``: a function of a connection run in
+one transaction (``BEGIN IMMEDIATE`` when it writes, so a commit's check and write happen
+under SQLite's write lock: atomic across threads and processes). The function never
+begins, commits or rolls back: the driver that carries the step out does, on whatever
+connection it holds."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..._effects import PENDING, PRUNABLE, Effect, EffectQuery, NewEffect
+from ..._errors import SchemaError
+from ..._flow import Flow
+from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target
+from ..._rules import judge
+from ..._values import Record
+from . import operations as op
+from . import schema
+from . import statements as sql
+from .statements import Statements, quote
+
+__all__ = ["SQLiteFlows", "Txn", "txn"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Txn:
+    """A step: ``body(conn, now)`` in one transaction; ``now`` is the store's clock once
+    it began. ``write=False`` reads in a deferred transaction; ``begin=False`` runs a
+    body of one statement, which needs no transaction of its own."""
+
+    body: Callable[[sqlite3.Connection, float], Any]
+    write: bool = True
+    begin: bool = True
+
+
+def txn(
+    body: Callable[[sqlite3.Connection, float], T], *, write: bool = True, begin: bool = True
+) -> Flow[T]:
+    """The flow of one ``Txn`` step: its body's result."""
+    result: T = yield Txn(body, write, begin)
+    return result
+
+
+class SQLiteFlows:
+    """The flows of ``_contract.Flows`` for SQLite (one ``Statements`` cache per store)."""
+
+    __slots__ = ("statements",)
+
+    def __init__(self) -> None:
+        self.statements = Statements()
+
+    def migrate(self) -> Flow[None]:
+        yield Txn(schema.migrate)
+
+    def columns(self, target: Target, declare: frozenset[str] | None) -> Flow[frozenset[str]]:
+        text = f"PRAGMA table_info({quote(target.name)})"
+        rows: list[Any] = yield Txn(lambda conn, now: conn.execute(text).fetchall(), begin=False)
+        if not rows:
+            raise SchemaError(f"table {target.name!r} does not exist")
+        return frozenset(r[1] for r in rows)
+
+    def read(self, target: Target, key: str | int) -> Flow[Record | None]:
+        return txn(lambda conn, now: op.read(conn, target, key), write=False)
+
+    def probe(self, request: CommitRequest) -> Flow[CommitResult]:
+        if request.lease is not None:
+            return (yield from txn(lambda conn, now: op.judged(conn, request, now), write=False))
+        statements = self.statements
+        record, applied = yield Txn(
+            lambda conn, now: op.probe_row(conn, statements, request), begin=False
+        )
+        status = judge(record, applied, request.intent, None, None, time.time())
+        return CommitResult(status, record)
+
+    def create(self, target: Target, key: str | int, state_json: str) -> Flow[Record]:
+        return txn(lambda conn, now: op.create(conn, target, key, state_json, now))
+
+    def delete(self, target: Target, key: str | int) -> Flow[bool]:
+        return txn(lambda conn, now: op.delete(conn, target, key))
+
+    def commit(self, request: CommitRequest) -> Flow[CommitResult]:
+        statements = self.statements
+        return txn(lambda conn, now: op.commit(conn, statements, request, now))
+
+    def commit_many(self, requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
+        statements = self.statements
+
+        def body(conn: sqlite3.Connection, now: float) -> list[CommitResult]:
+            return [op.commit(conn, statements, r, now) for r in requests]
+
+        return txn(body)
+
+    def acquire(self, name: str, owner: str, ttl: float) -> Flow[LeaseAnswer]:
+        return txn(lambda conn, now: op.acquire(conn, name, owner, ttl, now))
+
+    def renew(self, name: str, token: int, ttl: float) -> Flow[LeaseAnswer]:
+        return txn(lambda conn, now: op.renew(conn, name, token, ttl, now))
+
+    def release(self, name: str, token: int) -> Flow[LeaseAnswer]:
+        return txn(lambda conn, now: op.release(conn, name, token, now))
+
+    def lease_state(self, name: str) -> Flow[LeaseAnswer]:
+        def body(conn: sqlite3.Connection, now: float) -> LeaseAnswer:
+            return LeaseAnswer(False, op.lease_row(conn, name), now)
+
+        return txn(body, write=False)
+
+    def prune(self, older_than: float) -> Flow[int]:
+        def body(conn: sqlite3.Connection, now: float) -> int:
+            return conn.execute(sql.PRUNE_APPLIED, (now - older_than,)).rowcount
+
+        return txn(body)
+
+    # -- effects ------------------------------------------------------------------------
+    def record_effect(self, row: NewEffect) -> Flow[Effect]:
+        def body(conn: sqlite3.Connection, now: float) -> Effect:
+            conn.execute(sql.RECORD_EFFECT, (*row, now, now))
+            return op.effects(conn, sql.EFFECT_WHERE["key"], (row[0], 1))[0]
+
+        return txn(body)
+
+    def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Flow[Effect | None]:
+        def body(conn: sqlite3.Connection, now: float) -> Effect | None:
+            args = (status, detail_json, now, reconcile, now, idempotency_key)
+            conn.execute(sql.MARK_EFFECT, args)
+            found = op.effects(conn, sql.EFFECT_WHERE["key"], (idempotency_key, 1))
+            return found[0] if found else None
+
+        return txn(body)
+
+    def settle_effects(self, scope: str, intent_id: str, outcome: str) -> Flow[list[Effect]]:
+        def body(conn: sqlite3.Connection, now: float) -> list[Effect]:
+            conn.execute(sql.SETTLE_EFFECTS, (outcome, now, scope, intent_id))
+            return op.effects(conn, sql.EFFECT_WHERE["intent"], (scope, intent_id, -1))
+
+        return txn(body)
+
+    def list_effects(self, query: EffectQuery) -> Flow[list[Effect]]:
+        def body(conn: sqlite3.Connection, now: float) -> list[Effect]:
+            args: list[Any]
+            if query.idempotency_key is not None:
+                where, args = sql.EFFECT_WHERE["key"], [query.idempotency_key]
+            elif query.intent_id is not None:
+                where, args = sql.EFFECT_WHERE["intent"], [query.scope, query.intent_id]
+            elif query.pending_for is not None:
+                where, args = PENDING.format(cutoff="?"), [now - query.pending_for]
+            else:
+                where, args = sql.EFFECT_WHERE["open"], []
+            return op.effects(conn, where, [*args, query.limit])
+
+        return txn(body, write=False)
+
+    def prune_effects(self, older_than: float) -> Flow[int]:
+        text = "DELETE FROM fencing_effects WHERE " + PRUNABLE.format(cutoff=":cutoff")
+
+        def body(conn: sqlite3.Connection, now: float) -> int:
+            return conn.execute(text, {"cutoff": now - older_than}).rowcount
+
+        return txn(body)

@@ -1,0 +1,54 @@
+"""SQLite's schema: fencing's own tables (``schema.sql``) and their upgrades."""
+
+from __future__ import annotations
+
+import importlib.resources
+import sqlite3
+from typing import Final
+
+from ..._errors import SchemaError
+
+__all__ = ["SCHEMA_VERSION", "migrate"]
+
+SCHEMA_VERSION: Final = 3  # 2: fencing_effects; 3: applied intents by (scope, id, key)
+
+# 2 -> 3: rebuild fencing_applied with (scope, intent_id, key) as its primary key
+_APPLIED_BY_KEY: Final = (
+    "CREATE TABLE fencing_applied_v3 (scope TEXT NOT NULL, intent_id TEXT NOT NULL,"
+    " key NOT NULL, applied_at REAL NOT NULL, PRIMARY KEY (scope, intent_id, key))"
+    " WITHOUT ROWID",
+    "INSERT INTO fencing_applied_v3 SELECT scope, intent_id, key, applied_at FROM fencing_applied",
+    "DROP TABLE fencing_applied",
+    "ALTER TABLE fencing_applied_v3 RENAME TO fencing_applied",
+    "CREATE INDEX IF NOT EXISTS fencing_applied_at ON fencing_applied (applied_at)",
+)
+
+
+def _ddl() -> list[str]:
+    text = importlib.resources.files(__package__).joinpath("schema.sql").read_text()
+    return [s for s in text.split(";") if s.strip()]
+
+
+_DDL: Final = _ddl()
+
+
+def migrate(conn: sqlite3.Connection, now: float) -> None:
+    """Create fencing's tables (idempotent) and upgrade an older schema, in the caller's
+    write transaction; ``SchemaError`` if the file's schema is newer than this fencing."""
+    for statement in _DDL:
+        conn.execute(statement)
+    row = conn.execute("SELECT version FROM fencing_schema WHERE component = 'core'").fetchone()
+    if row is None:
+        conn.execute("INSERT INTO fencing_schema VALUES ('core', ?)", (SCHEMA_VERSION,))
+    elif row[0] > SCHEMA_VERSION:
+        raise SchemaError(
+            f"this store's schema is version {row[0]}, newer than this fencing"
+            f" ({SCHEMA_VERSION}); upgrade fencing"
+        )
+    elif row[0] < SCHEMA_VERSION:  # 1 -> 2 only added tables, made above
+        if row[0] < 3:  # 2 -> 3: the applied intents' key joins their primary key
+            for statement in _APPLIED_BY_KEY:
+                conn.execute(statement)
+        conn.execute(
+            "UPDATE fencing_schema SET version = ? WHERE component = 'core'", (SCHEMA_VERSION,)
+        )
