@@ -43,8 +43,8 @@ from fencing import (
     Signer,
     Stale,
 )
-from fencing._front import StoreOptions
 from fencing._store import Store
+from fencing._storebase import StoreOptions
 from fencing.backends.memory import MemoryBackend
 
 # -- strategies ----------------------------------------------------------------------------

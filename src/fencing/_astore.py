@@ -3,7 +3,7 @@
 This file is the source of truth for both fronts: ``scripts/unasync.py`` rewrites
 it into ``_store.py`` (the sync front), and a test fails if the two differ.
 Every method is a thin call to the backend around the shared, I/O-free checks of
-``_front`` and flows of ``_policy``.
+``_storebase`` and flows of ``_policy``.
 """
 
 from __future__ import annotations
@@ -14,13 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from ._effects import Effect
-from ._errors import LeaseHeld, LeaseLost, StoreClosed, WrongEventLoop
-from ._flow import Sleep, adrive
-from ._front import (
-    LeaseBase,
-    StoreOptions,
-    TargetOps,
+from ._checks import (
     check_declared,
     check_lease_args,
     check_wait,
@@ -30,6 +24,9 @@ from ._front import (
     pending_query,
     reconcile_query,
 )
+from ._effects import Effect
+from ._errors import LeaseHeld, LeaseLost, StoreClosed, WrongEventLoop
+from ._flow import Sleep, adrive
 from ._policy import (
     AcquireStep,
     CommitStep,
@@ -47,6 +44,7 @@ from ._policy import (
 )
 from ._request import LeaseAnswer, Target
 from ._runner import AsyncRunner, Stopped, current_loop, maybe_await, sleep_async
+from ._storebase import LeaseBase, StoreOptions, TargetBase
 from ._validate import check_column, check_name
 from ._values import Intent, Outcome, Record
 from .backends._contract import AsyncBackend
@@ -60,7 +58,7 @@ logger = logging.getLogger("fencing.lease")
 Decision = Callable[[Record], Any]
 
 
-class _AsyncOps(TargetOps):
+class _AsyncOps(TargetBase):
     _store: AsyncStore
 
     @property

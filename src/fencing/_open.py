@@ -7,8 +7,8 @@ from typing import Any, Final
 
 from ._astore import AsyncStore
 from ._errors import ConfigurationError, InvalidInput, MissingDependency
-from ._front import StoreOptions
 from ._store import Store
+from ._storebase import StoreOptions
 from ._url import BACKENDS, StoreURL
 from ._validate import DEFAULT_MAX_STATE_BYTES
 from .backends._contract import AsyncBackend, Backend

@@ -13,13 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from ._effects import Effect
-from ._errors import LeaseHeld, LeaseLost, StoreClosed, WrongEventLoop
-from ._flow import Sleep, drive
-from ._front import (
-    LeaseBase,
-    StoreOptions,
-    TargetOps,
+from ._checks import (
     check_declared,
     check_lease_args,
     check_wait,
@@ -29,6 +23,9 @@ from ._front import (
     pending_query,
     reconcile_query,
 )
+from ._effects import Effect
+from ._errors import LeaseHeld, LeaseLost, StoreClosed, WrongEventLoop
+from ._flow import Sleep, drive
 from ._policy import (
     AcquireStep,
     CommitStep,
@@ -46,6 +43,7 @@ from ._policy import (
 )
 from ._request import LeaseAnswer, Target
 from ._runner import Stopped, ThreadRunner, no_loop, passthrough, sleep_sync
+from ._storebase import LeaseBase, StoreOptions, TargetBase
 from ._validate import check_column, check_name
 from ._values import Intent, Outcome, Record
 from .backends._contract import Backend
@@ -59,7 +57,7 @@ logger = logging.getLogger("fencing.lease")
 Decision = Callable[[Record], Any]
 
 
-class _Ops(TargetOps):
+class _Ops(TargetBase):
     _store: Store
 
     @property

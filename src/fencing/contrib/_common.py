@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .._astore import AsyncCollection, AsyncStore, AsyncTable
+from .._checks import MAX_OWNER_CHARS
 from .._effects import Effect
 from .._errors import (
     ConfigurationError,
@@ -58,7 +59,6 @@ from .._errors import (
     LeaseHeld,
     TransientStoreError,
 )
-from .._front import MAX_OWNER_CHARS
 from .._policy import Drop, StalePolicy, check_policy
 from .._rules import check_ttl
 from .._signing import Signer

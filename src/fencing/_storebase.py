@@ -1,7 +1,7 @@
-"""What the sync and async fronts share: input checks and answers, free of I/O.
-
-``Collection``/``AsyncCollection``, ``Table``/``AsyncTable`` and ``Lease``/``AsyncLease``
-only add the calls to their backend on top of these.
+"""The shared base of the two stores (``_astore.py`` and the generated ``_store.py``):
+what ``Collection``/``AsyncCollection``, ``Table``/``AsyncTable`` and ``Lease``/``AsyncLease``
+have in common, free of I/O. They only add the calls to their backend on top of these.
+The checks of the public calls' arguments are in ``_checks``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from ._effects import (
     Effect,
     EffectQuery,
     NewEffect,
-    check_effect_key,
-    check_limit,
     dump_detail,
     new_effect_row,
 )
@@ -24,7 +22,6 @@ from ._errors import (
     InvalidIdentifier,
     InvalidInput,
     InvalidIntent,
-    InvalidLeaseRequest,
     InvalidState,
     LeaseLost,
     RecordNotFound,
@@ -38,18 +35,8 @@ from ._values import Fenced, Intent, Outcome, Record
 if TYPE_CHECKING:
     from ._values import Kind
 
-__all__ = [
-    "LeaseBase",
-    "StoreOptions",
-    "TargetOps",
-    "effect_ref",
-    "found_effect",
-    "key_query",
-    "pending_query",
-    "reconcile_query",
-]
+__all__ = ["LeaseBase", "StoreOptions", "TargetBase"]
 
-MAX_OWNER_CHARS = 200
 MAX_BATCH = 10_000
 MAX_EFFECTS = 10_000  # listed per intent
 
@@ -62,25 +49,7 @@ class StoreOptions:
     retention: float  # seconds applied intent ids are kept for Duplicate detection
 
 
-def check_declared(target: Target, columns: object) -> frozenset[str] | None:
-    """The ``columns=`` of ``store.table()``: column names, none of them managed."""
-    if columns is None:
-        return None
-    if isinstance(columns, str | bytes) or not isinstance(columns, Iterable):
-        raise InvalidInput(f"columns must be a list of column names, not {type(columns).__name__}")
-    names = frozenset(check_column(c) for c in columns)
-    if not names:
-        raise InvalidInput("columns must name at least one column")
-    for col in (target.key_column, target.version_column):
-        if col in names:
-            raise InvalidInput(
-                f"column {col!r} is managed by fencing (the key or version column):"
-                " leave it out of columns"
-            )
-    return names
-
-
-class TargetOps:
+class TargetBase:
     """Pure checks and answers for one collection or table."""
 
     __slots__ = ("_columns", "_declared", "_options", "_store", "_writable", "name", "target")
@@ -292,60 +261,6 @@ class TargetOps:
         if isinstance(outcome, Fenced) and isinstance(lease, LeaseBase):
             lease._saw_fenced(outcome)
         return outcome
-
-
-def found_effect(effect: Effect | None, key: str) -> Effect:
-    if effect is None:
-        raise RecordNotFound(f"no effect {key} in this store")
-    return effect
-
-
-def reconcile_query(limit: object) -> EffectQuery:
-    return EffectQuery(limit=check_limit(limit))
-
-
-def pending_query(older_than: object, limit: object) -> EffectQuery:
-    if (
-        isinstance(older_than, bool)
-        or not isinstance(older_than, int | float)
-        or not math.isfinite(older_than)
-        or older_than < 0
-    ):
-        raise InvalidInput(
-            f"older_than must be a non-negative number of seconds, not {older_than!r}"
-        )
-    return EffectQuery(limit=check_limit(limit), pending_for=float(older_than))
-
-
-def key_query(key: object) -> EffectQuery:
-    return EffectQuery(idempotency_key=check_effect_key(key), limit=1)
-
-
-def effect_ref(effect: object) -> str:
-    """The idempotency key of an ``Effect``, or a key given as text."""
-    if isinstance(effect, Effect):
-        return effect.idempotency_key
-    return check_effect_key(effect)
-
-
-def check_owner(owner: object) -> str:
-    if not isinstance(owner, str) or not 0 < len(owner) <= MAX_OWNER_CHARS or not is_unicode(owner):
-        raise InvalidLeaseRequest(f"lease owner must be a string of 1 to {MAX_OWNER_CHARS} chars")
-    return owner
-
-
-def check_wait(wait: object) -> float | None:
-    if wait is None:
-        return None
-    if isinstance(wait, bool) or not isinstance(wait, int | float) or not math.isfinite(wait):
-        raise InvalidLeaseRequest(f"wait must be a finite number of seconds or None, not {wait!r}")
-    if wait < 0:
-        raise InvalidLeaseRequest("wait must not be negative")
-    return float(wait)
-
-
-def check_lease_args(name: object, owner: object, ttl: object) -> tuple[str, str, float]:
-    return check_name(name, "lease"), check_owner(owner), check_ttl(ttl)
 
 
 class LeaseBase:
