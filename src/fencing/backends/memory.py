@@ -2,6 +2,9 @@
 
 It runs the pure rules of ``fencing._rules`` under one lock; it is what unit tests
 use, and the reference the other backends are held to. Nothing survives the process.
+
+The one backend not on the flow-driven base (``_base.FlowBackend``): it has no connection,
+no I/O and nothing to retry, so a step would only wrap a call under its lock.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, pending,
 from .._errors import AlreadyExists, ConfigurationError, SchemaError
 from .._request import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
+from .._url import StoreURL
 from .._values import Record
+from ._contract import ThreadedAsyncBackend
 
 __all__ = ["MemoryBackend"]
 
@@ -313,7 +318,7 @@ class MemoryBackend:
             return len(old)
 
 
-def _memory(url: Any, options: dict[str, Any]) -> MemoryBackend:
+def _memory(url: StoreURL, options: dict[str, Any]) -> MemoryBackend:
     unknown = sorted(set(url.options) | (set(options) - {"clock"}))
     if unknown:
         raise ConfigurationError(f"unknown memory:// option(s) {unknown}")
@@ -323,12 +328,11 @@ def _memory(url: Any, options: dict[str, Any]) -> MemoryBackend:
     return MemoryBackend(clock)
 
 
-def open_backend(url: Any, **options: Any) -> MemoryBackend:
+def open_backend(url: StoreURL, **options: Any) -> MemoryBackend:
     """``memory://``: a fresh, empty store private to this call."""
     return _memory(url, options)
 
 
-async def open_async_backend(url: Any, **options: Any) -> Any:
-    from ._contract import ThreadedAsyncBackend
-
+async def open_async_backend(url: StoreURL, **options: Any) -> ThreadedAsyncBackend:
+    """The same store for asyncio: its calls run inline on the event loop (no I/O)."""
     return ThreadedAsyncBackend(_memory(url, options), inline=True)
