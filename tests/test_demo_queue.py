@@ -106,7 +106,7 @@ def test_queue_demo_naive_breaks_fencing_holds(
     capsys.readouterr()
 
     # nothing of the run is left: no worker process, no broker key
-    from fencing._queue_demo import run_processes
+    from fencing._demo.queues import run_processes
 
     run_id = fenced["run_id"]
     assert run_id and naive["run_id"] == run_id
@@ -128,7 +128,7 @@ def test_queue_demo_broker_down_is_a_clear_error(capsys: pytest.CaptureFixture[s
 def test_queue_demo_missing_extra_names_the_pip_install(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("fencing.contrib.dramatiq", "fencing._queue_demo.dramatiq_actors"):
+    for name in ("fencing.contrib.dramatiq", "fencing._demo.queues.dramatiq_actors"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.setitem(sys.modules, "dramatiq", None)  # import dramatiq fails, as if absent
     code = main(["demo", "--json", "--queue", "dramatiq", "--tasks", "10"])

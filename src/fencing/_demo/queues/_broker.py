@@ -1,14 +1,31 @@
-"""The demo's broker chores: is it there, and deleting only the run's own keys."""
+"""The demo's broker chores: its URL, is it there, and deleting only the run's own keys."""
 
 from __future__ import annotations
 
 import socket
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
-from .._errors import ConfigurationError
+from ..._errors import ConfigurationError
+from ..config import DemoConfig
 
 DEFAULT_BROKER = "redis://127.0.0.1:6379/10"  # a database the test suite does not use
 AMQP_SCHEMES = ("amqp", "pyamqp")
+
+
+def broker_url(config: DemoConfig) -> str:
+    return config.broker or DEFAULT_BROKER
+
+
+def shown_broker(config: DemoConfig) -> str:
+    """The broker URL to print: without its password."""
+    url = broker_url(config)
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def check(queue: str, url: str, schemes: tuple[str, ...]) -> None:

@@ -1,4 +1,4 @@
-"""The queue demo on Celery: ``celery -A fencing._queue_demo.celery_app worker``.
+"""The queue demo on Celery: ``celery -A fencing._demo.queues.celery_app worker``.
 
 :func:`build` makes the app (the fenced tasks through ``fencing.contrib.celery`` and
 the naive task); the worker builds it from the environment the demo sets, the demo
@@ -12,8 +12,9 @@ import sys
 import uuid
 from typing import TYPE_CHECKING, Any, Final
 
-from ..contrib.celery import fenced_task  # MissingDependency without the extra
+from ...contrib.celery import fenced_task  # MissingDependency without the extra
 from . import _tasks
+from ._broker import redis_delete
 from ._tasks import KINDS, Settings
 
 if TYPE_CHECKING:
@@ -116,8 +117,6 @@ class Sender:
     def cleanup(self) -> None:
         s = self.settings
         if s.broker.startswith("redis"):
-            from ._broker import redis_delete
-
             redis_delete(s.broker, [f"{s.prefix}:*"])
             return
         with self.app.connection_for_write() as conn:

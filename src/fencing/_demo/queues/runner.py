@@ -1,30 +1,9 @@
-"""``fencing demo --queue celery|rq|dramatiq|arq``: the demo's race through a real task queue.
+"""One queue demo: this process is the producer, the queue's worker processes run the tasks.
 
-The same seeded schedule as ``fencing demo`` (``_demo.make_schedule``), the same
-naive and fencing decisions, the same history checker and table; what changes is
-the delivery. This process is the producer: it captures each task's intent when the
-schedule says the task is decided, and sends it after the task's delivery delay, so
-tasks reach the broker out of order; a duplicate delivery is the same message sent
-twice; the takeover of a paused task is sent once that task's worker has paused. The
-tasks run in N real worker processes of the queue, started here against the demo's
-store and broker: the fencing run's through the ``fencing.contrib`` integration, the
-naive run's through a plain task of the same queue.
-
-Crash after commit is real on every queue: the first delivery of a crashing task
-SIGKILLs its own worker process right after its commit, before the queue's
-acknowledgement, and the queue runs the message again. Celery's prefork pool and
-RQ's work horse are children of the worker command, which survives and redelivers
-(``reject_on_worker_lost``, ``Retry``). On Dramatiq and arq the process killed is a
-whole worker: the demo starts a new one in its place (``_Workers.check``), and the
-queue gives the message back by itself: RabbitMQ when the dead worker's connection
-closes, Dramatiq's Redis broker once the dead worker's heartbeat is older than its
-``heartbeat_timeout``, arq once the job's in-progress key expired (each queue's
-module sets these to seconds).
-
-Isolation: the run id names every queue, broker key prefix and worker; only those are
-deleted afterwards (never a whole database), and every worker process started here
-(its whole process group, and any process carrying the run's id in its environment)
-is killed on the way out: at the end, on an error or on Ctrl-C.
+:func:`run_queue_demo` starts the workers, then runs the schedule twice (naive, then
+fencing): :class:`_Run` captures each task's intent when it is decided and sends it
+when its delay is due, and follows ``progress.jsonl`` for the end of each delivery;
+afterwards the processes' histories are merged and judged.
 """
 
 from __future__ import annotations
@@ -32,13 +11,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import heapq
-import importlib
 import json
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -46,9 +24,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Final, Protocol
 
-from .._demo import (
-    LEASE_TTL,
-    DemoConfig,
+import fencing
+
+from ..._errors import ConfigurationError
+from ...testing import HistoryWriter
+from ..config import DemoConfig
+from ..scenario import (
     RunResult,
     TaskSpec,
     capture_intent,
@@ -56,18 +37,11 @@ from .._demo import (
     finish_run,
     make_schedule,
 )
-from .._errors import ConfigurationError
-from ._broker import DEFAULT_BROKER
+from ._broker import broker_url
 from ._tasks import ENV_PREFIX, Settings, intent_id
+from .modules import crashes, preflight
+from .processes import Workers
 
-__all__ = ["broker_url", "intro", "preflight", "run_processes", "run_queue_demo", "shown_broker"]
-
-MODULES: Final = {
-    "celery": "celery_app",
-    "rq": "rq_jobs",
-    "dramatiq": "dramatiq_actors",
-    "arq": "arq_worker",
-}
 START_TIMEOUT: Final = 60.0
 RUN_TIMEOUT: Final = 300.0
 HOLD_LIMIT: Final = 5.0  # a takeover is sent at the latest this long after it was decided
@@ -80,166 +54,6 @@ class _Sender(Protocol):
     def ping(self, token: str) -> None: ...
     def close(self) -> None: ...
     def cleanup(self) -> None: ...
-
-
-def broker_url(config: DemoConfig) -> str:
-    return config.broker or DEFAULT_BROKER
-
-
-def shown_broker(config: DemoConfig) -> str:
-    """The broker URL to print: without its password."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    url = broker_url(config)
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def preflight(config: DemoConfig) -> ModuleType:
-    """The queue's module, once its extra is installed and its broker answers (else exit 2)."""
-    from . import _broker
-
-    assert config.queue is not None
-    module = _module(config.queue)
-    _broker.check(config.queue, broker_url(config), module.BROKERS)
-    return module
-
-
-def _module(queue: str) -> ModuleType:
-    """The queue's demo module; ``MissingDependency`` (with the extra to install) if absent."""
-    return importlib.import_module(f"{__name__}.{MODULES[queue]}")
-
-
-def _crashes(queue: str) -> bool:
-    """Does the queue run again the message of a worker killed before its ack (``CRASH``)?"""
-    return bool(_module(queue).CRASH)
-
-
-def intro(config: DemoConfig, specs: list[TaskSpec]) -> str:
-    paused = sum(1 for s in specs if s.pause > 0)
-    crashes = (
-        "crashes between commit and ack (the worker process is SIGKILLed;"
-        f" {_module(config.queue).REDELIVERY})"
-        if config.queue is not None and _crashes(config.queue)
-        else f"no crashes ({config.queue} does not run a killed worker's message again)"
-    )
-    return (
-        f"Racing {len(specs)} tasks through {config.queue} on {config.workers} worker"
-        f" processes over {config.keys} accounts (credits) and {config.keys} orders"
-        f" (ship/cancel decisions): delayed and reordered sends, duplicate deliveries,"
-        f" {crashes}, and {paused} workers paused past their {LEASE_TTL:g}s lease. The same"
-        f" seeded schedule (seed {config.seed}) runs twice: naive read-modify-write, then"
-        " fencing through the fencing.contrib integration."
-    )
-
-
-# -- worker processes -------------------------------------------------------------------------
-def _gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
-
-
-def run_processes(run_id: str) -> list[int]:
-    """Live processes whose environment carries this run's id (Linux; [] elsewhere)."""
-    marker = f"{ENV_PREFIX}RUN_ID={run_id}".encode()
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return []
-    found = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if marker in environ.split(b"\0") and not _gone(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
-class _Workers:
-    """The queue's worker commands, each in its own session, logging to the control dir.
-
-    A worker process killed by SIGKILL is replaced by a new one running the same
-    command, at most ``restarts`` times in all: on Dramatiq and arq the demo's crash
-    after commit kills a whole worker process (a supervisor would restart it), where
-    Celery's and RQ's worker commands replace their own killed child. Any other exit
-    of a worker process ends the demo with its log.
-    """
-
-    def __init__(
-        self,
-        run_id: str,
-        commands: list[list[str]],
-        env: dict[str, str],
-        logs: Path,
-        restarts: int = 0,
-    ):
-        self.run_id = run_id
-        self.commands = commands
-        self.env = env
-        self.logs = logs
-        self.restarts = restarts
-        self.restarted = 0
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self) -> None:
-        for n in range(len(self.commands)):
-            self.procs.append(self._spawn(n))
-
-    def _spawn(self, n: int) -> subprocess.Popen[bytes]:
-        with open(self.logs / f"worker-{n + 1}.log", "ab") as out:
-            return subprocess.Popen(
-                self.commands[n],
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def check(self) -> None:
-        for n, proc in enumerate(self.procs):
-            if proc.poll() is None:
-                continue
-            if proc.returncode == -signal.SIGKILL and self.restarted < self.restarts:
-                self.restarted += 1
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # anything it started goes too
-                self.procs[n] = self._spawn(n)
-                continue
-            raise ConfigurationError(
-                f"a worker process exited (status {proc.returncode}):\n{self.tail(n)}"
-            )
-
-    def tail(self, n: int, lines: int = 15) -> str:
-        path = self.logs / f"worker-{n + 1}.log"
-        text = path.read_text(errors="replace") if path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:]) or "(no output)"
-
-    def stop(self) -> None:
-        """SIGKILL every process group, then any process of the run left (work horses)."""
-        for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-        deadline = time.monotonic() + 10.0
-        while (left := run_processes(self.run_id)) and time.monotonic() < deadline:
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
 
 
 class _Progress:
@@ -271,7 +85,7 @@ class _Run:
     specs: list[TaskSpec]
     settings: Settings
     sender: _Sender
-    workers: _Workers
+    workers: Workers
     progress: _Progress
     on_progress: Callable[[int], None]
 
@@ -381,8 +195,6 @@ def _broker_failures(queue: str, module: ModuleType) -> Iterator[None]:
 
 def _exit_on_sigterm() -> Callable[[], None]:
     """Let SIGTERM unwind like Ctrl-C, so the workers are stopped; returns the undo."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
@@ -397,7 +209,7 @@ def _exit_on_sigterm() -> Callable[[], None]:
     return restore
 
 
-def _wait_ready(sender: _Sender, workers: _Workers, control: Path) -> None:
+def _wait_ready(sender: _Sender, workers: Workers, control: Path) -> None:
     token = uuid.uuid4().hex
     sender.ping(token)
     deadline = time.monotonic() + START_TIMEOUT
@@ -416,9 +228,6 @@ def run_queue_demo(
     on_progress: Callable[[str, int], None] | None = None,
 ) -> dict[str, RunResult]:
     """Run the schedule through ``config.queue``: naive, then fencing; each run's result."""
-    import fencing
-    from fencing.testing import HistoryWriter
-
     assert config.queue is not None
     queue = config.queue
     module = preflight(config)
@@ -438,12 +247,12 @@ def run_queue_demo(
         seed=config.seed,
         tasks=config.tasks,
         keys=config.keys,
-        crash=_crashes(queue),
+        crash=crashes(queue),
     )
     history_dir = Path(config.history_dir) if config.history_dir else temp
     history_dir.mkdir(parents=True, exist_ok=True)
     sender: _Sender | None = None
-    workers: _Workers | None = None
+    workers: Workers | None = None
     results: dict[str, RunResult] = {}
     restore = _exit_on_sigterm()
     try:
@@ -458,7 +267,7 @@ def run_queue_demo(
             env.update(getattr(sender, "env", dict)())
             # one SIGKILLed process per crashing task and run, at most (the first delivery)
             restarts = 2 * sum(s.crash for s in specs) if settings.crash else 0
-            workers = _Workers(run_id, sender.commands(config.workers), env, control, restarts)
+            workers = Workers(run_id, sender.commands(config.workers), env, control, restarts)
             workers.start()
             _wait_ready(sender, workers, control)
             progress = _Progress(control / "progress.jsonl")

@@ -25,7 +25,7 @@ processes, and exits, as soon as one dies ("Worker with PID ... exited unexpecte
 (1 for a killed child, as for other failures) says less than the demo needs. Each
 process here runs what the command's worker process runs (``process_boot``, a
 ``dramatiq.Worker`` on the run's queue, one thread), is the process the crash
-kills, and the demo starts a new one in its place (``_Workers.check``).
+kills, and the demo starts a new one in its place (``processes.Workers.check``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
-from ..contrib.dramatiq import fenced_actor  # MissingDependency without the extra
+from ...contrib.dramatiq import fenced_actor  # MissingDependency without the extra
 from . import _tasks
+from ._broker import redis_delete
 from ._tasks import KINDS, Settings
 
 if TYPE_CHECKING:
@@ -166,8 +167,6 @@ class Sender:
     def cleanup(self) -> None:
         s = self.settings
         if s.broker.startswith("redis"):
-            from ._broker import redis_delete
-
             redis_delete(s.broker, [f"{s.prefix}*"])
             return
         import pika  # type: ignore[import-untyped]

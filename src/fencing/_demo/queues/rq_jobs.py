@@ -13,8 +13,9 @@ from typing import Any, Final
 
 import fencing
 
-from ..contrib.rq import enqueue_intent, fenced_job  # MissingDependency without the extra
+from ...contrib.rq import enqueue_intent, fenced_job  # MissingDependency without the extra
 from . import _tasks
+from ._broker import redis_delete
 from ._tasks import Settings
 
 NAME: Final = "rq"
@@ -159,8 +160,6 @@ class Sender:
         self.redis.close()
 
     def cleanup(self) -> None:
-        from ._broker import redis_delete
-
         s = self.settings
         redis_delete(
             s.broker,

@@ -16,7 +16,7 @@ the lifetime cut to ``JOB_TIMEOUT + IN_PROGRESS_MARGIN``, so a killed job runs
 again within seconds; ``JOB_TIMEOUT`` stays well above the demo's longest job (a
 pause of at most 1.2 s, a lease wait of at most 2 s). Each process is one arq
 worker running one job at a time, so the crash kills that whole worker; the demo
-starts a new process in its place (``_Workers.check``).
+starts a new process in its place (``processes.Workers.check``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ import sys
 import uuid
 from typing import Any, ClassVar, Final
 
-from ..contrib.arq import FencedFunction, enqueue_intent, fenced_function
+from ...contrib.arq import FencedFunction, enqueue_intent, fenced_function
 from . import _tasks
+from ._broker import redis_delete
 from ._tasks import KINDS, Settings
 
 NAME: Final = "arq"
@@ -183,7 +184,5 @@ class Sender:
             self.loop.close()
 
     def cleanup(self) -> None:
-        from ._broker import redis_delete
-
         s = self.settings
         redis_delete(s.broker, [f"*{s.prefix}*"])

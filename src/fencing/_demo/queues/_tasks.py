@@ -11,7 +11,7 @@ Every process appends its outcomes to its own history file,
 delivery to the shared ``progress.jsonl`` (one whole line per ``write``, so the
 processes never interleave): the demo follows that file, then merges the histories.
 
-- naive: ``run_naive`` reads, decides and writes blindly (``_demo.Worker``, the same
+- naive: ``run_naive`` reads, decides and writes blindly (``worker.Worker``, the same
   code as the in-process demo);
 - fencing: the contrib integration runs ``decide_credit`` / ``decide_order`` through
   ``FencedTask`` (``Recompute`` for credits, ``Drop`` for order decisions, the lease
@@ -42,14 +42,15 @@ from typing import Any, Final
 
 import fencing
 
-from .._demo import (
+from ..._values import Intent, Record
+from ...contrib._common import Action, Backoff, LeaseSpec, TaskReport, current_intent
+from ...testing import HistoryWriter, outcome_event
+from ..scenario import (
     LEASE_TTL,
     LEASE_WAIT,
     MAX_DELIVERIES,
     RECOMPUTE_ATTEMPTS,
     TaskSpec,
-    Worker,
-    WorkerSettings,
     collection_name,
     credit,
     make_schedule,
@@ -57,9 +58,7 @@ from .._demo import (
     order_step,
     task_message,
 )
-from .._values import Intent, Record
-from ..contrib._common import Action, Backoff, LeaseSpec, TaskReport, current_intent
-from ..testing import HistoryWriter, outcome_event
+from ..worker import Worker, WorkerSettings
 
 ENV_PREFIX: Final = "FENCING_DEMO_"
 KINDS: Final = ("accounts", "orders")

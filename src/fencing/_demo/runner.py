@@ -1,0 +1,97 @@
+"""The demo's two runs on one schedule: naive, then fencing (:func:`run_demo`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import fencing
+
+from ..testing import HistoryWriter
+from .broker import Broker, Pool
+from .config import DemoConfig, validate
+from .queues import run_queue_demo
+from .scenario import (
+    MODES,
+    RunResult,
+    TaskSpec,
+    capture_intent,
+    create_records,
+    finish_run,
+    make_schedule,
+    task_message,
+)
+from .worker import WorkerSettings
+
+if TYPE_CHECKING:
+    from .._store import Store
+
+
+def _run_mode(
+    mode: str,
+    config: DemoConfig,
+    specs: list[TaskSpec],
+    store: Store,
+    url: str,
+    history: str,
+    run_id: str,
+    on_progress: Callable[[int], None],
+) -> RunResult:
+    collections, keys = create_records(store, specs, run_id, mode)
+
+    def capture(spec: TaskSpec) -> dict[str, Any]:
+        return task_message(spec, capture_intent(collections, spec))
+
+    settings = WorkerSettings(mode, url, history)
+    result = RunResult(mode, len(specs), history=history)
+    with HistoryWriter(history) as writer:
+        pool = Pool(config, settings, store, writer)
+        try:
+            Broker(specs, capture, pool.inbox, config.seed, on_progress).run(pool.outbox, result)
+        finally:
+            pool.stop()
+        finish_run(result, writer, collections, keys, [s for s in specs if s.kind == "accounts"])
+    return result
+
+
+def run_demo(
+    config: DemoConfig,
+    on_start: Callable[[str, int], None] | None = None,
+    on_progress: Callable[[str, int], None] | None = None,
+) -> dict[str, RunResult]:
+    """Run the schedule naive, then with fencing; returns each run's result."""
+    validate(config)
+    if config.queue is not None:
+        return run_queue_demo(config, on_start, on_progress)
+    specs = make_schedule(config.seed, config.tasks, config.keys)
+    temp = tempfile.mkdtemp(prefix="fencing-demo-")
+    try:
+        url = config.store or f"sqlite:///{os.path.join(temp, 'demo.db')}"
+        history_dir = config.history_dir or temp
+        os.makedirs(history_dir, exist_ok=True)
+        run_id = uuid.uuid4().hex[:8]
+        results: dict[str, RunResult] = {}
+        with fencing.open(url) as store:
+            for mode in MODES:
+                history = os.path.join(history_dir, f"{mode}.jsonl")
+                if os.path.exists(history):
+                    os.remove(history)
+                if on_start is not None:
+                    on_start(mode, len(specs))
+
+                def progress(n: int, mode: str = mode) -> None:
+                    if on_progress is not None:
+                        on_progress(mode, n)
+
+                results[mode] = _run_mode(
+                    mode, config, specs, store, url, history, run_id, progress
+                )
+                if config.history_dir is None:
+                    results[mode].history = ""
+        return results
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
