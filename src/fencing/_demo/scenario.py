@@ -1,12 +1,12 @@
 """The demo's race: the seeded schedule, the two kinds of work, a run's records and result.
 
-The race. Tasks come from a queue (a broker in this process) with seeded random
-delivery delays, so they arrive out of order; some are delivered twice; some
-workers "crash" between their commit and the ack, so the task is delivered again
-after its commit landed; and some workers pause (a GC pause, a swap storm) past
-their lease while another worker takes the lease over and commits. Every task
-carries the intent captured when it was enqueued (``Intent.to_json`` in the
-message). Two kinds of work, on a few keys each:
+The race. Tasks come from a queue (a broker in this process, or a real task queue
+with ``--queue``) with seeded random delivery delays, so they arrive out of order;
+some are delivered twice; some workers "crash" between their commit and the ack, so
+the task is delivered again after its commit landed; and some workers pause (a GC
+pause, a swap storm) past their lease while another worker takes the lease over and
+commits. Every task carries the intent captured when it was enqueued
+(``Intent.to_json`` in the message). Two kinds of work, on a few keys each:
 
 - ``accounts``: credits, commutative: fencing re-decides a stale credit against
   the current balance (``Recompute``).

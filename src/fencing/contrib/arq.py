@@ -16,16 +16,18 @@
 
     await enqueue_intent(redis, ship, await collection.get("o-1"), "ship")
 
-The job runs ``FencedTask.arun`` against an async store. A ``TransientStoreError``
-or ``LeaseHeld`` raises ``arq.worker.Retry(defer=...)``: arq runs the same job
-(same payload) again, bounded by ``max_tries = max_retries + 1``. Stale, fenced
-and contended outcomes are successful jobs whose result records them. An
-unsigned, tampered or malformed message, or an exception of ``decide``, fails the
-job; arq does not retry a job that raised.
+The job runs ``FencedTask.arun`` against an async store. A ``TransientStoreError``,
+``LeaseHeld`` or ``retry_on`` error raises ``arq.worker.Retry(defer=...)``: arq runs
+the same job (same payload) again, bounded by ``max_tries = max_retries + 1``; once
+the retries are used up the job fails with the error. Stale, fenced, contended and
+missing outcomes are successful jobs whose result records them. An unsigned,
+tampered or malformed message, or an exception of ``decide``, fails the job; arq
+does not retry a job that raised.
 
 arq keeps a job in its queue until it finishes; a worker killed mid-job leaves an
-"in progress" key that expires after the job's timeout plus 10 s, after which
-any worker runs the job again (``job_try`` + 1): a redelivery that reports
+"in progress" key that expires after the longest function timeout of the worker
+plus 10 s (arq's ``in_progress_timeout_s``, not a setting), after which any worker
+runs the job again (``job_try`` + 1): a redelivery that reports
 ``Duplicate`` if the commit had landed.
 """
 

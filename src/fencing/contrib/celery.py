@@ -13,12 +13,13 @@
 
     ship.enqueue(orders.get("o-1"), "ship")    # the intent JSON is the message's one argument
 
-The task body is ``FencedTask.run``: a stale, fenced or contended outcome is a
-*successful* task whose result records it (never in ``autoretry_for``, never
-retried); a ``TransientStoreError`` (or ``LeaseHeld``) is retried with
-``self.retry(countdown=...)``, bounded by ``max_retries``, with the same payload;
-an unsigned, tampered or malformed message is refused with
-``Reject(requeue=False)``; an exception of ``decide`` fails the task.
+The task body is ``FencedTask.run``: a stale, fenced, contended or missing outcome
+is a *successful* task whose result records it (never in ``autoretry_for``, never
+retried); a ``TransientStoreError``, ``LeaseHeld`` or ``retry_on`` error is retried
+with ``self.retry(countdown=...)``, bounded by ``max_retries``, with the same
+payload, and fails the task once the retries are used up; an unsigned, tampered or
+malformed message (any ``InvalidInput``) is refused with ``Reject(requeue=False)``;
+an exception of ``decide`` fails the task.
 
 Defaults: ``acks_late=True`` and ``reject_on_worker_lost=True``, so a worker killed
 after the commit and before the ack has its message redelivered, and the

@@ -12,18 +12,20 @@
 
 The actor's one argument is the payload (the intent's JSON or a signed token).
 Retries go through Dramatiq's ``Retries`` middleware, restricted to transient
-errors: the actor raises ``dramatiq.Retry`` for a ``TransientStoreError`` or
-``LeaseHeld`` and its ``retry_when`` accepts only that, at most ``max_retries``
-times, with the middleware's exponential backoff (``min_backoff``/``max_backoff``
-from ``backoff``). ``InvalidIntent`` and other bad input are in ``throws``: the
-message fails at once. Stale, fenced and contended outcomes are successful
-messages; an exception of ``decide`` fails the message without retry.
+errors: the actor raises ``dramatiq.Retry`` for a ``TransientStoreError``,
+``LeaseHeld`` or ``retry_on`` error and its ``retry_when`` accepts only that, at
+most ``max_retries`` times, with the middleware's exponential backoff
+(``min_backoff``/``max_backoff`` from ``backoff``). ``InvalidIntent`` and other bad
+input are in ``throws``: the message fails at once. Stale, fenced, contended and
+missing outcomes are successful messages; an exception of ``decide`` fails the
+message without retry.
 
 Dramatiq acknowledges a message after the actor returns. A worker killed before
 that leaves the message unacknowledged: RabbitMQ redelivers it as soon as the
 connection drops; the Redis broker moves it back to the queue once the dead
 worker's heartbeat is older than ``heartbeat_timeout``. The redelivery reports
-``Duplicate``. Add the ``CurrentMessage`` middleware to number attempts in logs.
+``Duplicate``. Add the ``CurrentMessage`` middleware to number attempts in logs and
+reports (without it every run counts as attempt 1).
 """
 
 from __future__ import annotations

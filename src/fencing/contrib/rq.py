@@ -16,11 +16,13 @@ each outcome:
 
 - stale, fenced, contended, missing: the job *finishes*, its result records it;
   never retried;
-- ``TransientStoreError`` / ``LeaseHeld``: the job returns an ``rq.Retry``, RQ's own
-  way for a job to ask to run again, bounded by ``max_retries``, same job, same
-  payload (run workers ``--with-scheduler`` for the backoff intervals);
-- an unsigned, tampered or malformed message, or an exception of ``decide``: the
-  job fails and is not retried (its ``retries_left`` is set to 0 first).
+- ``TransientStoreError`` / ``LeaseHeld`` / a ``retry_on`` error: the job returns an
+  ``rq.Retry``, RQ's own way for a job to ask to run again, bounded by
+  ``max_retries``, same job, same payload (run workers ``--with-scheduler`` for the
+  backoff intervals);
+- an unsigned, tampered or malformed message, an exception of ``decide``, or a
+  retryable error once the retries are used up: the job fails and is not retried
+  (its ``retries_left`` is set to 0 first).
 
 ``enqueue_intent`` enqueues with ``retry=Retry(max=crash_retries)``: that is how RQ
 re-runs a job whose work horse was killed (SIGKILL, OOM) or that a dead worker

@@ -15,11 +15,11 @@ SIGKILLs its own worker process right after its commit, before the queue's
 acknowledgement, and the queue runs the message again. Celery's prefork pool and
 RQ's work horse are children of the worker command, which survives and redelivers
 (``reject_on_worker_lost``, ``Retry``). On Dramatiq and arq the process killed is a
-whole worker: the demo starts a new one in its place (``processes.Workers.check``), and the
-queue gives the message back by itself: RabbitMQ when the dead worker's connection
-closes, Dramatiq's Redis broker once the dead worker's heartbeat is older than its
-``heartbeat_timeout``, arq once the job's in-progress key expired (each queue's
-module sets these to seconds).
+whole worker: the demo starts a new one in its place (``processes.Workers.check``),
+and the queue gives the message back by itself: RabbitMQ when the dead worker's
+connection closes, Dramatiq's Redis broker once the dead worker's heartbeat is older
+than its ``heartbeat_timeout``, arq once the job's in-progress key expired (each
+queue's module sets these to seconds).
 
 Isolation: the run id names every queue, broker key prefix and worker; only those are
 deleted afterwards (never a whole database), and every worker process started here
