@@ -1,7 +1,8 @@
 """``fencing reconcile URL``: effects made for decisions that never committed.
 
 It lists, oldest first, the recorded effects of intents that ended stale, fenced,
-contended or missing and are not yet reconciled: a charge for an order that had
+contended or missing, or whose task failed and abandoned them, and are not yet
+reconciled: a charge for an order that had
 been cancelled meanwhile, an email about a state that was overwritten. Someone (or
 a job) undoes or accepts each one, then marks it: ``--mark KEY``. Marking is
 idempotent. Exit status: 0, or 1 with ``--fail-if-any`` when something is listed
