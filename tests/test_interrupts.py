@@ -347,14 +347,14 @@ def _check_postgres(store: Any) -> None:
 
 
 def _check_mysql(store: Any) -> None:
-    from fencing.backends.mysql import _idle_ok
+    from fencing.backends.mysql.connection import idle_ok
 
     from .backends_mysql import connect
 
     backend = store.backend
     settings = backend.settings
     if hasattr(backend._pool, "stats"):
-        _check_pool(backend._pool, settings.pool_size, _idle_ok)
+        _check_pool(backend._pool, settings.pool_size, idle_ok)
     conn = connect(store)
     try:
 

@@ -78,7 +78,7 @@ def _raw(url: str) -> Any:
     import pymysql
 
     from fencing._url import StoreURL
-    from fencing.backends.mysql import settings_from_url
+    from fencing.backends.mysql.settings import settings_from_url
 
     settings = settings_from_url(StoreURL.parse(url), {})
     return pymysql.connect(**settings.driver_kwargs())

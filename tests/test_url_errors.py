@@ -107,7 +107,8 @@ def test_no_password_in_errors_of_malformed_urls(
 
 
 def test_no_password_in_reprs_of_parsed_urls_and_settings() -> None:
-    from fencing.backends import mysql, postgres, redis
+    from fencing.backends import postgres, redis
+    from fencing.backends.mysql.settings import settings_from_url as mysql_settings
 
     for scheme in ("postgresql", "mysql", "redis"):
         parsed = StoreURL.parse(f"{scheme}://user:{SECRET}@db.example/1?password={SECRET}")
@@ -118,7 +119,7 @@ def test_no_password_in_reprs_of_parsed_urls_and_settings() -> None:
     assert SECRET in config.conninfo  # it is there, for the driver
     assert SECRET not in repr(config)
     url = StoreURL.parse(f"mysql://user:{SECRET}@db.example/shop")
-    assert SECRET not in repr(mysql.settings_from_url(url, {}))
+    assert SECRET not in repr(mysql_settings(url, {}))
     url = StoreURL.parse(f"redis://user:{SECRET}@db.example/0")
     assert SECRET not in repr(redis.parse_settings(url, {}))
 

@@ -1,0 +1,257 @@
+"""MySQL's drivers: the sync backend over a pool of PyMySQL connections, the async one
+over aiomysql's pool. Both run the same flows (``flows.MySQLFlows``).
+
+One connection per flow: ``_drive(flow)`` checks one connection out and carries every
+step of the flow out on it, in order, then gives it back; a ``commit_many`` whose
+transaction spans several batches therefore meets one connection, and no flow ever
+names or holds a connection itself. (A later driver may run the same flows on a
+connection the caller gives: only ``_drive`` changes.) The rules after an exception are
+``connection.Hold``'s: an error the server sent is rolled back at once and thrown into
+the flow, which may start its transaction again (``restart``; if its connection was
+dropped meanwhile, the next batch gets a fresh one); an exception landing mid-batch
+drops the connection; any other exception out of a flow rolls back before the
+connection goes back to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import weakref
+from typing import Any, TypeVar
+
+from ..._errors import FencingError, StoreClosed, TransientStoreError
+from ..._flow import Flow, Sleep, adrive, drive
+from .._abase import AsyncFlowBackend
+from .._base import FlowBackend
+from .._pool import Pool, Slot
+from .connection import Hold, aexecute, arollback, execute, new_pool, rollback
+from .errors import driver_module, is_driver_error, translate
+from .flows import MySQLFlows
+from .settings import Settings
+from .steps import Batch, Result
+
+__all__ = ["AsyncMySQLBackend", "MySQLBackend"]
+
+R = TypeVar("R")
+_FLOWS = MySQLFlows()
+
+
+def _alone(step: Any) -> Flow[Any]:
+    """A flow of one step."""
+    return (yield step)
+
+
+def _get(pool: Pool[Any]) -> Slot[Any]:
+    """A pooled connection; driver errors translated."""
+    try:
+        return pool.get()
+    except FencingError:
+        raise
+    except Exception as exc:
+        if not is_driver_error(exc):
+            raise
+        raise translate(exc) from exc
+
+
+class _Lent(Hold):
+    """One flow's connection from the sync pool."""
+
+    __slots__ = ("pool", "slot")
+
+    def __init__(self, pool: Pool[Any]) -> None:
+        super().__init__()
+        self.pool = pool
+        self.slot = _get(pool)
+
+    def run(self, step: Batch | Sleep) -> list[Result] | None:
+        if isinstance(step, Sleep):
+            time.sleep(step.seconds)
+            return None
+        if self.slot.conn is None:  # dropped after an error: the flow started again
+            self.slot = _get(self.pool)
+        conn = self.slot.conn
+        self.sending()
+        try:
+            results = execute(conn, step)
+        except Exception as exc:
+            raise self.failed(exc, self.may_keep(exc) and rollback(conn)) from exc
+        self.io = False
+        return results
+
+    def lose(self) -> None:
+        self.pool.discard(self.slot)
+
+    def give_back(self, keep: bool) -> None:
+        if keep and self.slot.conn is not None:
+            self.pool.put(self.slot)
+        else:
+            self.pool.discard(self.slot)
+
+
+# A forked child must not use (nor close) its parent's sockets: the pools it inherits
+# are kept here, untouched, and it opens its own.
+_INHERITED: list[object] = []
+
+
+def _forget_after_fork(ref: weakref.ReferenceType[MySQLBackend]) -> None:
+    backend = ref()
+    if backend is not None:
+        _INHERITED.append(backend._pool)
+        backend._pool = new_pool(backend.settings)
+
+
+class MySQLBackend(FlowBackend):
+    """The synchronous MySQL / MariaDB backend: a small thread-safe pool of PyMySQL
+    connections (``backends._pool``)."""
+
+    scheme = "mysql"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.flows = _FLOWS
+        self._pool = new_pool(settings)
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_after_fork(ref))
+
+    def _drive(self, flow: Flow[R]) -> R:
+        lent = _Lent(self._pool)
+        try:
+            value = drive(flow, lent.run)
+        except Exception:
+            conn = lent.slot.conn
+            lent.give_back(lent.clean or (lent.needs_rollback(conn is not None) and rollback(conn)))
+            raise
+        except BaseException:
+            lent.give_back(False)
+            raise
+        lent.give_back(True)
+        return value
+
+    def _run(self, step: Batch | Sleep) -> Any:
+        """One step on a connection of its own (a flow's steps all run in ``_drive``)."""
+        return self._drive(_alone(step))
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+class _AsyncLent(Hold):
+    """One flow's connection from aiomysql's pool."""
+
+    __slots__ = ("backend", "conn")
+
+    def __init__(self, backend: AsyncMySQLBackend, conn: Any) -> None:
+        super().__init__()
+        self.backend = backend
+        self.conn: Any = conn
+
+    async def run(self, step: Batch | Sleep) -> list[Result] | None:
+        if isinstance(step, Sleep):
+            await asyncio.sleep(step.seconds)
+            return None
+        if self.conn is None:  # dropped after an error: the flow started again
+            self.conn = await self.backend._checkout()
+        conn = self.conn
+        self.sending()
+        try:
+            results = await aexecute(conn, step)
+        except Exception as exc:
+            raise self.failed(exc, self.may_keep(exc) and await arollback(conn)) from exc
+        self.io = False
+        return results
+
+    def lose(self) -> None:
+        self.give_back(False)
+
+    def give_back(self, keep: bool) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            if not keep:
+                conn.close()  # cancelled or broken mid-batch: never reuse it
+            self.backend._pool.release(conn)
+
+
+class AsyncMySQLBackend(AsyncFlowBackend):
+    """The asynchronous MySQL / MariaDB backend, over aiomysql's pool."""
+
+    scheme = "mysql"
+
+    def __init__(self, settings: Settings, pool: Any) -> None:
+        self.settings = settings
+        self.flows = _FLOWS
+        self._pool = pool
+        self._ready: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._closed = False
+
+    @classmethod
+    async def open(cls, settings: Settings) -> AsyncMySQLBackend:
+        aiomysql = driver_module("aiomysql")
+        try:
+            pool = await aiomysql.create_pool(
+                minsize=0,
+                maxsize=settings.pool_size,
+                pool_recycle=settings.pool_recycle,
+                **settings.driver_kwargs("db"),
+            )
+        except Exception as exc:
+            if not is_driver_error(exc):
+                raise
+            raise translate(exc) from exc
+        return cls(settings, pool)
+
+    async def _acquire(self) -> Any:
+        if self._closed:
+            raise StoreClosed("mysql: this store is closed")
+        try:
+            async with asyncio.timeout(self.settings.pool_timeout):
+                conn = await self._pool.acquire()
+        except TimeoutError:
+            raise TransientStoreError(
+                f"mysql: no free connection within {self.settings.pool_timeout}s"
+                f" (pool_size={self.settings.pool_size})"
+            ) from None
+        if conn not in self._ready:
+            try:
+                await aexecute(conn, self.settings.session_setup())
+            except BaseException:
+                conn.close()
+                self._pool.release(conn)
+                raise
+            self._ready.add(conn)
+        return conn
+
+    async def _checkout(self) -> Any:
+        """A pooled connection, set up for fencing's sessions; driver errors translated."""
+        try:
+            return await self._acquire()
+        except FencingError:
+            raise
+        except Exception as exc:
+            if not is_driver_error(exc):
+                raise
+            raise translate(exc) from exc
+
+    async def _drive(self, flow: Flow[R]) -> R:
+        lent = _AsyncLent(self, await self._checkout())
+        keep = False
+        try:
+            value = await adrive(flow, lent.run)
+            keep = True
+            return value
+        except Exception:
+            conn = lent.conn
+            keep = lent.clean or (lent.needs_rollback(conn is not None) and await arollback(conn))
+            raise
+        finally:
+            lent.give_back(keep)
+
+    async def _run(self, step: Batch | Sleep) -> Any:
+        """One step on a connection of its own (a flow's steps all run in ``_drive``)."""
+        return await self._drive(_alone(step))
+
+    async def close(self) -> None:
+        self._closed = True
+        self._pool.close()
+        await self._pool.wait_closed()

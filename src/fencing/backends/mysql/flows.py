@@ -1,0 +1,185 @@
+"""MySQL's flows: each operation of the contract as batches of statements (``steps.Batch``)
+and what their results mean. I/O-free: whichever connection the driver runs a flow on,
+all the batches of one flow meet that one connection, in order (a ``commit_many`` may
+span several batches of one transaction). Every flow starts again after a deadlock
+(``restart``). How each one works: ``docs/backends/mysql.md``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Final
+
+from ..._errors import AlreadyExists, SchemaError
+from ..._flow import Flow
+from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target
+from ..._rules import Status
+from ..._values import Record
+from . import schema
+from . import statements as sql
+from .answers import commit_result, judged, lease_answer, record_of
+from .effects import EffectFlows
+from .errors import DuplicateKey
+from .restart import restarts_on_deadlock
+from .steps import Result, Script, one
+from .templates import Slots, add_commit, add_judge_reads, add_read, key_locks
+
+__all__ = ["MySQLFlows"]
+
+_BATCH_BYTES: Final = 1 << 20  # flush a commit_many batch (same transaction) past this
+_migrate: Final = restarts_on_deadlock(schema.migrate)
+
+
+@restarts_on_deadlock
+def _commit_all(requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
+    """One transaction for all ``requests``, one round trip unless a guard is judged here."""
+    out: list[CommitResult | None] = [None] * len(requests)
+    script = Script("START TRANSACTION")
+    pending: list[tuple[int, Slots]] = []
+    if len(requests) > 1 and requests[0].target.kind == "collection":
+        # A batch first locks its keys (their tombstone rows, in key order), so no record
+        # of the batch is created or deleted before it commits: an item answered Missing
+        # is still missing then, like every other answer of the batch.
+        keys = sorted({str(r.intent.key) for r in requests})
+        key_locks(script, requests[0].target.name, keys)
+
+    def settle(results: list[Result]) -> None:
+        for i, slots in pending:
+            out[i] = commit_result(results, slots, requests[i])
+        pending.clear()
+
+    for i, request in enumerate(requests):
+        if request.target.kind == "collection" and request.intent.guard is not None:
+            # A JSON guard is judged in Python on the record read FOR UPDATE.
+            at = add_judge_reads(script, request, lock=True)
+            results: list[Result] = yield script.batch()
+            settle(results)
+            script = Script()
+            answer = judged(results, at, request)
+            if answer.status is not Status.OK:
+                out[i] = answer
+                continue
+        pending.append((i, add_commit(script, request)))
+        if script.size > _BATCH_BYTES and i + 1 < len(requests):
+            settle((yield script.batch()))
+            script = Script()
+    script.add("COMMIT")
+    settle((yield script.batch()))
+    done = [r for r in out if r is not None]
+    assert len(done) == len(requests)
+    return done
+
+
+@restarts_on_deadlock
+def _lease(name: str, lock: str, change: str, *params: Any) -> Flow[LeaseAnswer]:
+    """Lock the lease row, read the clock (after the lock), change the row if the
+    condition holds, read it back: one transaction, one round trip."""
+    script = Script("START TRANSACTION")
+    script.add(lock, name)
+    script.add(sql.SET_NOW)
+    changed = script.add(change, *params)
+    read = script.add(sql.LEASE_READ.format(now="@f_now"), name)
+    script.add("COMMIT")
+    results: list[Result] = yield script.batch()
+    return lease_answer(name, results[read], results[changed].affected == 1)
+
+
+class MySQLFlows(EffectFlows):
+    """The flows of ``_contract.Flows`` for MySQL / MariaDB."""
+
+    __slots__ = ()
+
+    def migrate(self) -> Flow[None]:
+        return _migrate()
+
+    @restarts_on_deadlock
+    def columns(self, target: Target, declare: frozenset[str] | None) -> Flow[frozenset[str]]:
+        name = target.name
+        script = Script()
+        engine_at = script.add(sql.ENGINE, name)
+        columns_at = script.add(sql.COLUMNS, name)
+        results: list[Result] = yield script.batch()
+        tables = results[engine_at].rows
+        exact = [r for r in tables if r[0] == name]
+        if not exact and tables and int(tables[0][2] or 0) > 0:  # lower_case_table_names
+            exact = [r for r in tables if str(r[0]).lower() == name.lower()]
+        if not exact:
+            raise SchemaError(f"table {name!r} does not exist")
+        table_name, engine = exact[0][0], exact[0][1]
+        if str(engine).lower() != "innodb":
+            raise SchemaError(
+                f"table {name!r} uses the {engine} engine: fencing guards InnoDB tables only"
+                " (its commits must be transactional)"
+            )
+        return frozenset(str(c) for t, c in results[columns_at].rows if t == table_name)
+
+    @restarts_on_deadlock
+    def read(self, target: Target, key: str | int) -> Flow[Record | None]:
+        script = Script()
+        at = add_read(script, target, key)
+        results: list[Result] = yield script.batch()
+        return record_of(results[at], target, key)
+
+    @restarts_on_deadlock
+    def probe(self, request: CommitRequest) -> Flow[CommitResult]:
+        script = Script()
+        at = add_judge_reads(script, request, lock=False)
+        return judged((yield script.batch()), at, request)
+
+    @restarts_on_deadlock
+    def create(self, target: Target, key: str | int, state_json: str) -> Flow[Record]:
+        """Lock the key (its tombstone row), insert after the tombstone's version unless the
+        record exists, read what happened: one transaction, one round trip."""
+        exists = f"{target.name}/{key} already exists"
+        script = Script("START TRANSACTION")
+        script.add(sql.KEY_LOCK, target.name, key)
+        script.add(sql.CREATE, state_json, target.name, key)
+        read = script.add(sql.CREATED, target.name, key)
+        script.add("COMMIT")
+        try:
+            results: list[Result] = yield script.batch()
+        except DuplicateKey as exc:
+            raise AlreadyExists(exists) from exc
+        made, version = results[read].rows[0]
+        if not made:
+            raise AlreadyExists(exists)
+        return Record(target.name, key, int(version), 0, json.loads(state_json))
+
+    @restarts_on_deadlock
+    def delete(self, target: Target, key: str | int) -> Flow[bool]:
+        """Lock the key (its tombstone row), then the record; delete it and raise the
+        tombstone to its version: one transaction, one round trip."""
+        script = Script("START TRANSACTION", "SET @f_gone = NULL")
+        script.add(sql.KEY_LOCK, target.name, key)
+        script.add(sql.DELETE_LOCK, target.name, key)
+        deleted = script.add(sql.DELETE, target.name, key)
+        script.add(sql.TOMBSTONE, target.name, key)
+        script.add("COMMIT")
+        results: list[Result] = yield script.batch()
+        return results[deleted].affected > 0
+
+    def commit(self, request: CommitRequest) -> Flow[CommitResult]:
+        results = yield from _commit_all([request])
+        return results[0]
+
+    def commit_many(self, requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
+        return _commit_all(requests)
+
+    def acquire(self, name: str, owner: str, ttl: float) -> Flow[LeaseAnswer]:
+        return _lease(name, sql.LEASE_LOCK_NEW, sql.LEASE_GRANT, owner, ttl, name)
+
+    def renew(self, name: str, token: int, ttl: float) -> Flow[LeaseAnswer]:
+        return _lease(name, sql.LEASE_LOCK, sql.LEASE_RENEW, ttl, name, token)
+
+    def release(self, name: str, token: int) -> Flow[LeaseAnswer]:
+        return _lease(name, sql.LEASE_LOCK, sql.LEASE_RELEASE, name, token)
+
+    @restarts_on_deadlock
+    def lease_state(self, name: str) -> Flow[LeaseAnswer]:
+        results: list[Result] = yield one(sql.LEASE_READ.format(now=sql.NOW), name)
+        return lease_answer(name, results[0], False)
+
+    @restarts_on_deadlock
+    def prune(self, older_than: float) -> Flow[int]:
+        results: list[Result] = yield one(sql.PRUNE, float(older_than))
+        return results[0].affected

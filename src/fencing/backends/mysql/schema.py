@@ -1,0 +1,57 @@
+"""MySQL's schema: fencing's own tables (``schema.sql``) and their upgrades, as a flow."""
+
+from __future__ import annotations
+
+import importlib.resources
+from typing import Final
+
+from ..._errors import SchemaError
+from ..._flow import Flow
+from .steps import Result, Script
+
+__all__ = ["DDL", "SCHEMA_VERSION", "migrate"]
+
+# 2: fencing_effects (1 -> 2 only added a table);
+# 3: an applied intent is keyed by (scope, intent_id, key_text): an id names work on one key
+SCHEMA_VERSION: Final = 3
+
+
+def _ddl() -> tuple[str, ...]:
+    """The statements of ``schema.sql``, each on one line."""
+    text = importlib.resources.files(__package__).joinpath("schema.sql").read_text()
+    lines = [s.strip() for s in text.splitlines() if not s.strip().startswith("--")]
+    return tuple(s.strip() for s in " ".join(lines).split(";") if s.strip())
+
+
+DDL: Final = _ddl()
+_SCHEMA_ROW: Final = "INSERT IGNORE INTO fencing_schema (component, version) VALUES ('core', %s)"
+# 1 -> 2 only added a table (made above, IF NOT EXISTS); a newer version is left alone
+_SCHEMA_BUMP: Final = (
+    "UPDATE fencing_schema SET version = %s WHERE component = 'core' AND version < %s"
+)
+# 2 -> 3 (a second run only rebuilds the same key)
+_APPLIED_BY_KEY: Final = (
+    "ALTER TABLE fencing_applied DROP PRIMARY KEY, ADD PRIMARY KEY (scope, intent_id, key_text)"
+)
+_SCHEMA_READ: Final = "SELECT version FROM fencing_schema WHERE component = 'core'"
+
+
+def migrate() -> Flow[None]:
+    """Create fencing's tables (idempotent) and upgrade an older schema; ``SchemaError``
+    if the database's schema is newer than this fencing."""
+    script = Script(*DDL)
+    script.add(_SCHEMA_ROW, SCHEMA_VERSION)
+    at = script.add(_SCHEMA_READ)
+    results: list[Result] = yield script.batch()
+    version = int(results[at].rows[0][0])
+    if version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"this store's schema is version {version}, newer than this fencing"
+            f" ({SCHEMA_VERSION}); upgrade fencing"
+        )
+    if version < SCHEMA_VERSION:
+        script = Script()
+        if version < 3:  # the applied intents' key joins their primary key
+            script.add(_APPLIED_BY_KEY)
+        script.add(_SCHEMA_BUMP, SCHEMA_VERSION, SCHEMA_VERSION)
+        yield script.batch()

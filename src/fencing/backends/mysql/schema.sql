@@ -1,0 +1,65 @@
+-- fencing's own tables on MySQL / MariaDB (InnoDB). Each statement is sent as one line:
+-- its lines, stripped, joined by a space (comment lines are left out).
+-- Names and ids are ASCII by validation: CHARACTER SET ascii COLLATE ascii_bin.
+
+CREATE TABLE IF NOT EXISTS fencing_schema (
+  component VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+  version INT NOT NULL) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS fencing_records (
+  collection VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  `key` VARBINARY(2048) NOT NULL,
+  version BIGINT NOT NULL,
+  fence BIGINT NOT NULL DEFAULT 0,
+  state LONGTEXT NOT NULL,
+  updated_at DECIMAL(20,6) NOT NULL,
+  PRIMARY KEY (collection, `key`)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS fencing_applied (
+  scope VARCHAR(130) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  intent_id VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  key_text VARBINARY(2050) NOT NULL,
+  applied_at DECIMAL(20,6) NOT NULL,
+  PRIMARY KEY (scope, intent_id, key_text),
+  KEY fencing_applied_at (applied_at)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS fencing_fences (
+  scope VARCHAR(130) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  key_text VARBINARY(2050) NOT NULL,
+  fence BIGINT NOT NULL,
+  PRIMARY KEY (scope, key_text)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS fencing_leases (
+  name VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+  owner VARCHAR(200) NULL,
+  token BIGINT NOT NULL,
+  expires_at DECIMAL(20,6) NOT NULL) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- the last version of a deleted record: a re-created record continues after it
+CREATE TABLE IF NOT EXISTS fencing_tombstones (
+  collection VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  `key` VARBINARY(2048) NOT NULL,
+  version BIGINT NOT NULL,
+  PRIMARY KEY (collection, `key`)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- recorded effects (fencing._effects): the columns of EFFECT_COLUMNS, then
+-- open_since, recorded_at of an effect that needs reconciling (else NULL): its
+-- index stands in for a partial index (neither server has one), so the effects to
+-- reconcile are read in order from the index, never by scanning the settled ones
+CREATE TABLE IF NOT EXISTS fencing_effects (
+  idempotency_key CHAR(43) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+  scope VARCHAR(130) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  record_key TEXT NOT NULL,
+  intent_id VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  transition VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  name VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  status VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  detail LONGTEXT NULL,
+  outcome VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NULL,
+  reconciled_at DOUBLE NULL,
+  recorded_at DOUBLE NOT NULL,
+  updated_at DOUBLE NOT NULL,
+  open_since DOUBLE GENERATED ALWAYS AS
+  (IF(outcome IS NOT NULL AND reconciled_at IS NULL, recorded_at, NULL)) STORED,
+  KEY fencing_effects_intent (scope, intent_id, recorded_at),
+  KEY fencing_effects_open (open_since)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
