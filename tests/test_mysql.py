@@ -262,6 +262,53 @@ def test_lock_wait_timeout_is_transient_and_leaves_nothing(opener: Opener, mysql
     assert isinstance(orders.commit(intent, {"n": 1}), Committed)
 
 
+def test_a_flow_chosen_as_a_deadlock_victim_starts_again(
+    mstore: Any, mysql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """InnoDB rolls a deadlock's victim back whole: the error is thrown into the flow,
+    which starts its transaction again (on the same connection) and applies."""
+    from fencing.backends.mysql import restart
+
+    restarts: list[int] = []
+    monkeypatch.setattr(restart, "_backoff", lambda attempt: restarts.append(attempt) or 0.0)
+    orders = mstore.collection("orders")
+    orders.create("k1", {"n": 0})
+    orders.create("k2", {"n": 0})
+    items = [(orders.intent(k, "inc"), {"n": 1}) for k in ("k1", "k2")]
+    _sql(mysql_url, "CREATE TABLE ballast (n INTEGER)")
+    blocker = _raw(mysql_url)
+    try:
+        with blocker.cursor() as cur:
+            cur.execute("START TRANSACTION")  # heavier than the commit: never the victim
+            cur.executemany("INSERT INTO ballast VALUES (%s)", [(n,) for n in range(2000)])
+            cur.execute("SELECT 1 FROM fencing_records WHERE `key` = 'k1' FOR UPDATE")
+            cur.execute("SELECT CONNECTION_ID()")
+            blocker_id = int(cur.fetchone()[0])
+        thread, box = _in_thread(lambda: orders.commit_many(items))
+        deadline = time.monotonic() + 10
+        while not _sql(
+            mysql_url,
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s"
+            " AND ID NOT IN (%s, CONNECTION_ID()) AND INFO IS NOT NULL",
+            _database(mysql_url),
+            blocker_id,
+        ):  # the commit waits for k1's record, holding k1's tombstone row
+            assert time.monotonic() < deadline, "the commit never reached the locked row"
+            time.sleep(0.02)
+        with blocker.cursor() as cur:  # waits for the commit's lock: a deadlock
+            cur.execute(
+                "INSERT INTO fencing_tombstones (collection, `key`, version)"
+                " VALUES ('orders', 'k1', 0) ON DUPLICATE KEY UPDATE version = version"
+            )
+            cur.execute("ROLLBACK")
+        thread.join(10)
+    finally:
+        blocker.close()
+    assert restarts == [1]
+    assert len(box) == 1 and [type(o) for o in box[0]] == [Committed, Committed], box
+    assert [orders.get(k).version for k in ("k1", "k2")] == [2, 2]
+
+
 # -- (b) one hot key: threads and processes, then a naive baseline -------------------------
 @pytest.fixture(scope="module")
 def processes() -> Iterator[ProcessPoolExecutor]:
