@@ -12,7 +12,7 @@ from typing import Any
 
 from ..._errors import FencingError
 from .._pool import Pool
-from .errors import driver_module, in_step, is_driver_error, translate
+from .errors import driver_module, in_step, is_driver_error, translated
 from .settings import Settings
 from .steps import Batch, Result
 
@@ -59,13 +59,12 @@ class Hold:
     def failed(self, exc: Exception, rolled_back: bool) -> FencingError:
         """What a batch's ``exc`` becomes, once rolled back if ``may_keep``; an exception
         not the driver's is raised again as it is (the connection is then dropped)."""
-        if not is_driver_error(exc):
-            raise exc
+        error = translated(exc)
         self.io = False
         self.clean = rolled_back
         if not rolled_back:
             self.lose()
-        return translate(exc)
+        return error
 
     def lose(self) -> None:
         """Drop the connection (the driver's own)."""

@@ -21,13 +21,13 @@ import time
 import weakref
 from typing import Any, TypeVar
 
-from ..._errors import FencingError, StoreClosed, TransientStoreError
+from ..._errors import StoreClosed, TransientStoreError
 from ..._flow import Flow, Sleep, adrive, drive
 from .._abase import AsyncFlowBackend
 from .._base import FlowBackend
 from .._pool import Pool, Slot
 from .connection import Hold, aexecute, arollback, execute, new_pool, rollback
-from .errors import driver_module, is_driver_error, translate
+from .errors import driver_module, translated
 from .flows import MySQLFlows
 from .settings import Settings
 from .steps import Batch, Result
@@ -47,12 +47,8 @@ def _get(pool: Pool[Any]) -> Slot[Any]:
     """A pooled connection; driver errors translated."""
     try:
         return pool.get()
-    except FencingError:
-        raise
     except Exception as exc:
-        if not is_driver_error(exc):
-            raise
-        raise translate(exc) from exc
+        raise translated(exc) from exc
 
 
 class _Lent(Hold):
@@ -196,9 +192,7 @@ class AsyncMySQLBackend(AsyncFlowBackend):
                 **settings.driver_kwargs("db"),
             )
         except Exception as exc:
-            if not is_driver_error(exc):
-                raise
-            raise translate(exc) from exc
+            raise translated(exc) from exc
         return cls(settings, pool)
 
     async def _acquire(self) -> Any:
@@ -226,12 +220,8 @@ class AsyncMySQLBackend(AsyncFlowBackend):
         """A pooled connection, set up for fencing's sessions; driver errors translated."""
         try:
             return await self._acquire()
-        except FencingError:
-            raise
         except Exception as exc:
-            if not is_driver_error(exc):
-                raise
-            raise translate(exc) from exc
+            raise translated(exc) from exc
 
     async def _drive(self, flow: Flow[R]) -> R:
         lent = _AsyncLent(self, await self._checkout())

@@ -15,7 +15,8 @@
     └── anything else                          -> StoreError
 
 Also here: which errors are the driver's (``is_driver_error``), whether one left the
-connection in step (``in_step``), and the driver's import (``driver_module``: a missing
+connection in step (``in_step``), ``translated`` (an exception raised again unless it is
+the driver's), and the driver's import (``driver_module``: a missing
 driver is ``MissingDependency`` naming the extra).
 """
 
@@ -42,6 +43,7 @@ __all__ = [
     "in_step",
     "is_driver_error",
     "translate",
+    "translated",
 ]
 
 # The server refused what the URL says: retrying cannot fix it.
@@ -142,3 +144,11 @@ def translate(exc: BaseException) -> FencingError:
     if code in _DATA_ERRORS:
         return InvalidState(f"{text}; nothing was written")
     return StoreError(text)
+
+
+def translated(exc: Exception) -> FencingError:
+    """``exc`` translated if it is the driver's (``raise translated(exc) from exc``);
+    any other exception is raised again as it is."""
+    if isinstance(exc, FencingError) or not is_driver_error(exc):
+        raise exc
+    return translate(exc)

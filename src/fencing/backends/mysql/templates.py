@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..._request import CommitRequest, Target
 from . import statements as sql
@@ -87,16 +87,19 @@ def add_judge_reads(script: Script, request: CommitRequest, lock: bool) -> Reads
     return Reads(meta, record, lease_at)
 
 
-@functools.lru_cache(maxsize=1024)
-def _table_update_sql(
-    target: Target,
-    columns: tuple[str, ...],
-    text_key: bool,
-    versioned: bool,
-    guard: tuple[tuple[str, bool], ...],
-    fenced: bool,
-) -> str:
+class _Shape(NamedTuple):
+    """A shape of request on a user table: what its statements' text depends on."""
+
+    columns: tuple[str, ...]  # the columns written
+    text_key: bool
+    versioned: bool  # whether the version is checked
+    guard: tuple[tuple[str, bool], ...]  # the guarded columns, and whether each is text
+    fenced: bool
+
+
+def _table_update_sql(target: Target, shape: _Shape) -> str:
     """The conditional UPDATE of a user table for one shape of request."""
+    columns, text_key, versioned, guard, fenced = shape
     sets = [f"{quote(c)} = %s" for c in columns]
     where = [_key_sql(target, text_key)]
     if target.version_column:
@@ -156,22 +159,16 @@ def _collection_template(fenced: bool) -> _Template:
 
 
 @functools.lru_cache(maxsize=1024)
-def _table_template(
-    target: Target,
-    columns: tuple[str, ...],
-    text_key: bool,
-    versioned: bool,
-    guard: tuple[tuple[str, bool], ...],
-    fenced: bool,
-) -> _Template:
-    table, where = quote(target.name), _key_sql(target, text_key)
-    update = _table_update_sql(target, columns, text_key, versioned, guard, fenced)
+def _table_template(target: Target, shape: _Shape) -> _Template:
+    table, where = quote(target.name), _key_sql(target, shape.text_key)
+    update = _table_update_sql(target, shape)
     lock_row = f"SELECT 1 FROM {table} WHERE {where} FOR UPDATE"
-    statements = [*_locks(fenced, lock_row), update, sql.UNCLAIM]
-    if fenced:
+    statements = [*_locks(shape.fenced, lock_row), update, sql.UNCLAIM]
+    if shape.fenced:
         statements.append(sql.RAISE_FENCE)
-    result = _table_select(target, text_key, "@f_claimed, @f_done, @f_now, ", " FOR UPDATE")
-    return _template(statements, result, sql.LEASE_AFTER_REFUSAL if fenced else None)
+    head, lock = "@f_claimed, @f_done, @f_now, ", " FOR UPDATE"
+    result = _table_select(target, shape.text_key, head, lock)
+    return _template(statements, result, sql.LEASE_AFTER_REFUSAL if shape.fenced else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,11 +201,11 @@ def add_commit(script: Script, request: CommitRequest) -> Slots:
     else:
         guard = intent.guard or {}
         versioned = bool(target.version_column) and intent.expected_version is not None
-        shape = tuple((c, isinstance(v, str)) for c, v in guard.items())
-        text_key = isinstance(key, str)
-        template = _table_template(
-            target, tuple(request.state), text_key, versioned, shape, lease is not None
+        guarded = tuple((c, isinstance(v, str)) for c, v in guard.items())
+        shape = _Shape(
+            tuple(request.state), isinstance(key, str), versioned, guarded, lease is not None
         )
+        template = _table_template(target, shape)
         if lease is not None:
             params += _key_params(key)  # the row's lock
         params += request.state.values()
