@@ -1,4 +1,4 @@
-"""Every fenced code block in README.md and docs/*.md runs, as written.
+"""Every fenced code block in README.md and docs/ (every .md below it) runs, as written.
 
 Blocks are found automatically (a new one is picked up, and a failure names its file
 and line). A file's ``python`` blocks build on each other, as a reader would type them:
@@ -38,7 +38,7 @@ import pytest
 import fencing
 
 REPO = Path(__file__).resolve().parent.parent
-FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+FILES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```([A-Za-z]*)\n(.*?)^```\s*$", re.M | re.S)
 LANGUAGES = {"python", "sh", "text"}
 REDIS_DBS = {"1": "11", "2": "13", "3": "12", "4": "14"}  # the doc's N -> a test database
