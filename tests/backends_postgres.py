@@ -44,10 +44,10 @@ def admin() -> Any:
     import psycopg
 
     from fencing._url import StoreURL
-    from fencing.backends.postgres import config_from_url
+    from fencing.backends.postgres.settings import settings_from_url
 
-    config = config_from_url(StoreURL.parse(BASE_URL), {})
-    return psycopg.connect(config.conninfo, autocommit=True)
+    settings = settings_from_url(StoreURL.parse(BASE_URL), {})
+    return psycopg.connect(settings.conninfo, autocommit=True)
 
 
 def make_url(tmp_path: Path) -> str:

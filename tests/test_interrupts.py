@@ -332,16 +332,16 @@ def _check_postgres(store: Any) -> None:
 
     backend = store.backend
     if hasattr(backend.pool, "stats"):  # (not psycopg_pool's, which fencing used before)
-        from fencing.backends.postgres import _idle
+        from fencing.backends.postgres.driver import _idle
 
-        _check_pool(backend.pool, backend.config.max_size, _idle)
+        _check_pool(backend.pool, backend.settings.max_size, _idle)
     with admin() as conn:
 
         def settled() -> bool:
             rows = conn.execute(
                 "SELECT state FROM pg_stat_activity WHERE application_name = %s", (_APP,)
             ).fetchall()
-            return len(rows) <= backend.config.max_size and all(r[0] == "idle" for r in rows)
+            return len(rows) <= backend.settings.max_size and all(r[0] == "idle" for r in rows)
 
         _eventually(settled, "PostgreSQL connections leaked or left in a transaction")
 
@@ -531,7 +531,7 @@ async def _acheck(name: str, store: Any) -> None:
     backend = store.backend
     if name == "postgresql":
         pool = backend.pool
-        conns = await asyncio.gather(*(pool.getconn(20) for _ in range(backend.config.max_size)))
+        conns = await asyncio.gather(*(pool.getconn(20) for _ in range(backend.settings.max_size)))
         try:
             assert all(c.info.transaction_status == 0 for c in conns)  # IDLE
         finally:

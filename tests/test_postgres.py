@@ -98,7 +98,7 @@ def in_thread(fn: Callable[..., Any], *args: Any) -> Future[Any]:
 
 
 def test_driver_errors_are_translated_at_the_boundary() -> None:
-    from fencing.backends.postgres import translate
+    from fencing.backends.postgres.errors import translate
 
     errors = psycopg.errors
     assert isinstance(translate(errors.AdminShutdown("x")), fencing.TransientStoreError)

@@ -84,7 +84,7 @@ def _row(conn: Any, key: str) -> tuple[Any, ...]:
 
 # -- migration -------------------------------------------------------------------------
 def test_a_store_from_before_effects_gains_them_on_migrate(pg: Setup, api: str) -> None:
-    from fencing.backends.postgres import SCHEMA_VERSION
+    from fencing.backends.postgres.schema import SCHEMA_VERSION
 
     assert SCHEMA_VERSION == 3
     with opened(pg.url, api) as old:

@@ -115,7 +115,7 @@ def test_no_password_in_reprs_of_parsed_urls_and_settings() -> None:
         assert SECRET not in repr(parsed)
         assert SECRET not in parsed.redacted()
     url = StoreURL.parse(f"postgresql://user:{SECRET}@db.example/shop")
-    config = postgres.config_from_url(url, {})
+    config = postgres.settings.settings_from_url(url, {})
     assert SECRET in config.conninfo  # it is there, for the driver
     assert SECRET not in repr(config)
     url = StoreURL.parse(f"mysql://user:{SECRET}@db.example/shop")

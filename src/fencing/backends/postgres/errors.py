@@ -1,0 +1,94 @@
+"""PostgreSQL's errors, translated at the boundary (``docs/backends/postgres.md``)::
+
+    psycopg.Error
+    ├── connection lost, admin shutdown, pool timeout,
+    │   serialization failure, deadlock, lock or statement timeout  -> TransientStoreError
+    ├── undefined table / column / schema                          -> SchemaError
+    ├── a value the column or jsonb cannot hold                    -> InvalidInput / InvalidState
+    └── anything else                                              -> StoreError
+
+Three of the transient ones are told apart, for the flows that re-run a statement:
+``Retry``, ``Disconnected`` and ``Deadlock``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+import psycopg
+from psycopg_pool import PoolClosed, PoolTimeout
+
+from ..._errors import (
+    ConfigurationError,
+    FencingError,
+    InvalidInput,
+    InvalidState,
+    SchemaError,
+    StoreClosed,
+    StoreError,
+    TransientStoreError,
+)
+
+__all__ = ["CONFIG_STATES", "CONFIG_TEXT", "Deadlock", "Disconnected", "Retry", "translate"]
+
+
+class Retry(TransientStoreError):
+    """The statement rolled back because a concurrent commit claimed the same intent,
+    or a newer fence got there first; nothing was written, run it again."""
+
+
+class Disconnected(TransientStoreError):
+    """The connection was lost; the outcome of a write is unknown."""
+
+
+class Deadlock(TransientStoreError):
+    """The server chose this statement as a deadlock's victim and rolled it back
+    whole: nothing was written, so a batch may simply run again."""
+
+
+_TRANSIENT: Final = frozenset({"40001", "40P01", "55P03", "57014", "53300", "53400"})
+_DISCONNECTED: Final = frozenset({"57P01", "57P02", "57P03"})
+_UNDEFINED: Final = frozenset({"42P01", "42703", "3F000"})
+_UNSTORABLE: Final = frozenset({"22P05", "22021"})  # jsonb: \u0000, bad encoding
+
+# A connection refused by the server for what the URL says (no such database, role or
+# password; no pg_hba.conf entry) is a configuration error: retrying cannot fix it.
+# libpq reports these on connect without a SQLSTATE, so its FATAL text is matched too.
+CONFIG_STATES: Final = frozenset({"3D000", "28P01", "28000"})
+CONFIG_TEXT: Final = re.compile(
+    r"FATAL:\s+(database \S.* does not exist|role \S.* does not exist"
+    r"|password authentication failed|no pg_hba\.conf entry|.*authentication failed)"
+)
+
+
+def translate(exc: Exception) -> FencingError:
+    """The fencing error for a driver error (``raise translate(exc) from exc``)."""
+    state = getattr(exc, "sqlstate", None) or ""
+    diag = getattr(exc, "diag", None)
+    text = f"postgresql: {str(exc).strip() or type(exc).__name__}"
+    if state == "23505" and getattr(diag, "constraint_name", None) == "fencing_applied_pkey":
+        return Retry(text)
+    if state == "23502" and getattr(diag, "table_name", None) == "fencing_applied":
+        return Retry(text)
+    if isinstance(exc, UnicodeError):
+        return InvalidInput(f"postgresql: text that cannot be encoded ({exc})")
+    if isinstance(exc, PoolClosed):
+        return StoreClosed("postgresql: the store is closed")
+    if state == "40P01":
+        return Deadlock(text)
+    if state in CONFIG_STATES:
+        return ConfigurationError(f"{text} (the URL's database or credentials)")
+    if isinstance(exc, PoolTimeout) or state in _TRANSIENT:
+        return TransientStoreError(text)
+    if isinstance(exc, psycopg.OperationalError):
+        if not state or state.startswith("08") or state in _DISCONNECTED:
+            return Disconnected(text)
+        return TransientStoreError(text)
+    if state in _UNDEFINED:
+        return SchemaError(f"{text} (run store.migrate() / fencing migrate URL?)")
+    if state in _UNSTORABLE:
+        return InvalidState(f"{text} (PostgreSQL cannot store this text)")
+    if isinstance(exc, psycopg.DataError) or state in ("42804", "42883"):
+        return InvalidInput(f"{text} (a value the column cannot hold or compare)")
+    return StoreError(text)

@@ -1,0 +1,77 @@
+"""PostgreSQL's schema: fencing's own tables (``schema.sql``, ``effects.sql``) and their
+upgrades, as the ``migrate`` flow."""
+
+from __future__ import annotations
+
+import importlib.resources
+from typing import Final
+
+from ..._errors import SchemaError
+from ..._flow import Flow
+from .statements import quoted
+from .steps import Answer, Pipeline, Query, read_only
+
+__all__ = ["SCHEMA_VERSION", "migrate"]
+
+# 2: fencing_effects (1 -> 2 only added a table and its indexes);
+# 3: an applied intent is keyed by (scope, intent_id, key): an id names work on one key
+SCHEMA_VERSION: Final = 3
+
+
+def _statements(name: str) -> tuple[str, ...]:
+    """The statements of a ``.sql`` file beside this module: its ``--`` comment lines
+    dropped, each statement on one line."""
+    text = importlib.resources.files(__package__).joinpath(name).read_text()
+    kept = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+    return tuple(" ".join(s.split()) for s in kept.split(";") if s.strip())
+
+
+_DDL: Final = (
+    *_statements("schema.sql"),
+    f"INSERT INTO fencing_schema AS v (component, version) VALUES ('core', {SCHEMA_VERSION})"
+    " ON CONFLICT (component) DO UPDATE SET version = excluded.version"
+    " WHERE v.version < excluded.version",
+)
+_EFFECTS_DDL: Final = _statements("effects.sql")  # new in version 2
+# 2 -> 3 (run under the migration lock; a second run only rebuilds the same key)
+_APPLIED_BY_KEY: Final = (
+    "ALTER TABLE fencing_applied DROP CONSTRAINT fencing_applied_pkey,"
+    " ADD CONSTRAINT fencing_applied_pkey PRIMARY KEY (scope, intent_id, key)"
+)
+_MIGRATE_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtext('fencing.migrate'))"
+_HAS_SCHEMA_TABLE: Final = (
+    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables"
+    " WHERE schemaname = coalesce(%(schema)s, current_schema())"
+    " AND tablename = 'fencing_schema')"
+)
+_SCHEMA_VERSION: Final = "SELECT version FROM fencing_schema WHERE component = 'core'"
+
+
+def _not_newer(stored: int | None) -> None:
+    if stored is not None and stored > SCHEMA_VERSION:
+        raise SchemaError(
+            f"this store's schema is version {stored}, newer than this fencing"
+            f" ({SCHEMA_VERSION}); upgrade fencing"
+        )
+
+
+def migrate(schema: str | None) -> Flow[None]:
+    """Create fencing's tables (in ``schema``) unless they are there at this version:
+    one pipeline, one transaction, under an advisory lock."""
+    found: Answer = yield from read_only(Query(_HAS_SCHEMA_TABLE, {"schema": schema}))
+    stored = None
+    if found.rows[0][0]:
+        have: Answer = yield from read_only(Query(_SCHEMA_VERSION))
+        stored = have.rows[0][0] if have.rows else None
+        _not_newer(stored)
+        if stored == SCHEMA_VERSION:
+            return
+    queries = [Query(_MIGRATE_LOCK)]
+    if schema is not None:
+        queries.append(Query(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}"))
+    queries += [Query(ddl) for ddl in (*_DDL, *_EFFECTS_DDL)]
+    if stored is not None and stored < 3:
+        queries.append(Query(_APPLIED_BY_KEY))
+    queries.append(Query(_SCHEMA_VERSION))
+    answers: list[Answer] = yield Pipeline(tuple(queries))
+    _not_newer(answers[-1].rows[0][0])

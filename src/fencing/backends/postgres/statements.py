@@ -1,0 +1,367 @@
+"""PostgreSQL's statements: fencing's own tables' (fixed text) and those built per shape
+of request (a guarded table's from its checked identifiers, and cached), each ONE
+statement; ``qualified`` puts fencing's tables in the store's schema. Why each stays
+atomic under READ COMMITTED: ``docs/backends/postgres.md``."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Final
+
+from psycopg import sql
+
+from ..._effects import EFFECT_COLUMNS, PENDING, PRUNABLE
+from ..._request import Target
+
+# The server's clock, as epoch seconds. ``now()`` is the start of the statement's
+# transaction: one instant for every check of a statement (and of a batch).
+NOW: Final = "extract(epoch FROM now())::float8"
+
+
+# -- fencing's tables in the store's schema; a guarded table's columns -----------------
+SEARCH_PATH: Final = (
+    "SELECT set_config('search_path',"
+    " quote_ident(%(schema)s) || ', ' || current_setting('search_path'), false)"
+)
+COLUMNS: Final = (
+    "SELECT a.attname, EXISTS (SELECT 1 FROM pg_catalog.pg_index i"
+    " WHERE i.indrelid = a.attrelid AND i.indisunique AND i.indnkeyatts = 1"
+    " AND i.indkey[0] = a.attnum AND i.indpred IS NULL)"
+    " FROM pg_catalog.pg_attribute a"
+    " WHERE a.attrelid = to_regclass(quote_ident(%(name)s))"
+    " AND a.attnum > 0 AND NOT a.attisdropped"
+)
+
+
+def quoted(name: str) -> str:
+    """An identifier, quoted (``"name"``)."""
+    return sql.Identifier(name).as_string(None)
+
+
+_OWN_TABLE: Final = re.compile(
+    r"(?<![\w'\".])"
+    r"(fencing_(?:schema|records|applied|fences|leases|tombstones|effects))\b"
+)
+
+
+@lru_cache(maxsize=2048)
+def qualified(text: str, schema: str | None) -> str:
+    """``text`` with fencing's own tables in ``schema``: never resolved through the
+    search path to another schema's (say, ``public``'s) when ``schema``'s are missing."""
+    if schema is None:
+        return text
+    return _OWN_TABLE.sub(quoted(schema) + r".\1", text)
+
+
+# -- records --------------------------------------------------------------------------
+# Every probe and commit answers one row: seven fixed columns, then the record's.
+#   0 applied  1 intent already applied  2 fence  3-5 lease owner, token, expires_at
+#   6 now      7.. collection: version, state | table: the table's columns
+FIXED: Final = 7
+LEASE_LIVE: Final = (
+    "EXISTS (SELECT 1 FROM fencing_leases l WHERE l.name = %(lease)s"
+    f" AND l.token = %(token)s::bigint AND l.owner IS NOT NULL AND l.expires_at > {NOW})"
+)
+# A fenced commit share-locks the live lease row it writes under (the newest version of
+# the row, re-checked after any wait), so no takeover can be granted until it ends: a
+# write under token t is never visible after token t + 1 was granted.
+LEASE_LOCK_CTE: Final = (
+    "fencing_lease AS (SELECT 1 FROM fencing_leases l WHERE l.name = %(lease)s"
+    f" AND l.token = %(token)s::bigint AND l.owner IS NOT NULL AND l.expires_at > {NOW}"
+    " FOR SHARE)"
+)
+LEASE_LOCKED: Final = "EXISTS (SELECT 1 FROM fencing_lease)"
+IS_APPLIED: Final = (
+    "EXISTS (SELECT 1 FROM fencing_applied a WHERE a.scope = %(scope)s AND a.intent_id = %(id)s"
+    " AND a.key = %(key_json)s)"
+)
+COLLECTION_PROBE: Final = (
+    f"SELECT false, {IS_APPLIED}, r.fence, l.owner, l.token, l.expires_at, {NOW},"
+    " r.version, r.state"
+    " FROM (SELECT 1) AS fencing_one"
+    " LEFT JOIN fencing_records r ON r.collection = %(name)s AND r.key = %(key)s"
+    " LEFT JOIN fencing_leases l ON l.name = %(lease)s"
+)
+# Without a lease there is no lease row to report: one relation less to open on
+# every statement (a commit's probe half is planned and initialised even when the
+# UPDATE applies).
+COLLECTION_READ: Final = (
+    f"SELECT false, {IS_APPLIED}, r.fence, NULL::text, NULL::bigint, NULL::float8, {NOW},"
+    " r.version, r.state"
+    " FROM (SELECT 1) AS fencing_one"
+    " LEFT JOIN fencing_records r ON r.collection = %(name)s AND r.key = %(key)s"
+)
+# A record created again after a delete continues the deleted one's versions, so an
+# intent decided against the deleted record can never match the new one. The key's
+# tombstone row is its lock: create and delete both take it first (an upsert locks the
+# row whether it inserts it or finds it, and answers with its newest version), so a
+# create that overlaps a delete waits for it and continues after its last version.
+KEY_LOCK: Final = (
+    "INSERT INTO fencing_tombstones AS t (collection, key, version)"
+    " VALUES (%(name)s, %(key)s, 0) ON CONFLICT (collection, key)"
+    " DO UPDATE SET version = t.version RETURNING t.version"
+)
+CREATE: Final = (
+    f"WITH fencing_key AS ({KEY_LOCK})"
+    " INSERT INTO fencing_records (collection, key, version, fence, state, updated_at)"
+    " SELECT %(name)s, %(key)s, k.version + 1, 0, %(state)s::jsonb,"
+    f" {NOW} FROM fencing_key k ON CONFLICT DO NOTHING RETURNING version"
+)
+DELETE: Final = (
+    "WITH gone AS (DELETE FROM fencing_records WHERE collection = %(name)s AND key = %(key)s"
+    " RETURNING version)"
+    " UPDATE fencing_tombstones AS t SET version = greatest(t.version, gone.version)"
+    " FROM gone WHERE t.collection = %(name)s AND t.key = %(key)s"
+)
+PRUNE_APPLIED: Final = f"DELETE FROM fencing_applied WHERE applied_at < {NOW} - %(age)s::float8"
+
+# -- leases ---------------------------------------------------------------------------
+# Each is one statement answering (granted, owner, token, expires_at, now) with the row
+# after it; refused, the sibling SELECT shows the row as the statement's snapshot saw it.
+LEASE_ANSWER: Final = (
+    f" SELECT true, u.owner, u.token, u.expires_at, {NOW} FROM fencing_up u UNION ALL"
+    f" (SELECT false, l.owner, l.token, l.expires_at, {NOW} FROM (SELECT 1) AS fencing_one"
+    " LEFT JOIN fencing_leases l ON l.name = %(name)s"
+    " WHERE NOT EXISTS (SELECT 1 FROM fencing_up))"
+)
+LEASE_HELD: Final = f"l.owner IS NOT NULL AND l.expires_at > {NOW}"
+ACQUIRE: Final = (
+    "WITH fencing_up AS ("
+    " INSERT INTO fencing_leases AS l (name, owner, token, expires_at)"
+    f" VALUES (%(name)s, %(owner)s, 1, {NOW} + %(ttl)s::float8)"
+    " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = l.token + 1,"
+    f" expires_at = excluded.expires_at WHERE NOT ({LEASE_HELD})"
+    " RETURNING l.owner, l.token, l.expires_at)" + LEASE_ANSWER
+)
+RENEW: Final = (
+    "WITH fencing_up AS ("
+    f" UPDATE fencing_leases AS l SET expires_at = {NOW} + %(ttl)s::float8"
+    f" WHERE l.name = %(name)s AND l.token = %(token)s::bigint AND {LEASE_HELD}"
+    " RETURNING l.owner, l.token, l.expires_at)" + LEASE_ANSWER
+)
+RELEASE: Final = (
+    "WITH fencing_up AS ("
+    " UPDATE fencing_leases AS l SET owner = NULL, expires_at = 0"
+    f" WHERE l.name = %(name)s AND l.token = %(token)s::bigint AND {LEASE_HELD}"
+    " RETURNING l.owner, l.token, l.expires_at)" + LEASE_ANSWER
+)
+LEASE_STATE: Final = (
+    f"SELECT false, l.owner, l.token, l.expires_at, {NOW} FROM (SELECT 1) AS fencing_one"
+    " LEFT JOIN fencing_leases l ON l.name = %(name)s"
+)
+
+
+# -- commits, built per shape of request -----------------------------------------------
+@lru_cache(maxsize=4)
+def collection_commit(guarded: bool, fenced: bool) -> str:
+    """The one-statement commit to a collection, with or without a guard and a lease."""
+    sets = ["state = %(state)s::jsonb", "version = r.version + 1", f"updated_at = {NOW}"]
+    where = ["r.collection = %(name)s", "r.key = %(key)s", "r.version = %(version)s::bigint"]
+    if guarded:  # jsonb containment of scalars is JSON equality: true is not 1, 1 is 1.0
+        where.append("r.state @> %(guard)s::jsonb")
+    if fenced:
+        sets.append("fence = greatest(r.fence, %(token)s::bigint)")
+        where += ["r.fence <= %(token)s::bigint", LEASE_LOCKED]
+    where.append(f"NOT {IS_APPLIED}")
+    return (
+        f"WITH {LEASE_LOCK_CTE + ', ' if fenced else ''}"
+        f"fencing_upd AS (UPDATE fencing_records AS r SET {', '.join(sets)}"
+        f" WHERE {' AND '.join(where)} RETURNING r.version, r.fence),"
+        " fencing_claim AS (INSERT INTO fencing_applied (scope, intent_id, key, applied_at)"
+        f" SELECT %(scope)s, %(id)s, %(key_json)s, {NOW} FROM fencing_upd)"
+        " SELECT true, false, u.fence, NULL::text, NULL::bigint, NULL::float8,"
+        f" {NOW}, u.version, NULL::jsonb FROM fencing_upd u"
+        f" UNION ALL ({COLLECTION_PROBE if fenced else COLLECTION_READ}"
+        " WHERE NOT EXISTS (SELECT 1 FROM fencing_upd))"
+    )
+
+
+@lru_cache(maxsize=2)
+def collection_batch(fenced: bool) -> str:
+    """A whole batch of commits to one collection in ONE statement (distinct keys).
+
+    The items come as one JSON array of objects (``json_to_recordset ... WITH
+    ORDINALITY``: ``n`` is the item's place; ``k`` key, ``j`` its JSON text, ``i``
+    claim id, ``v`` expected version, ``s`` state, ``g`` guard or null). Each
+    item's claim is looked up once (``seen``, a ``LIMIT 1`` lateral
+    lookup: always the primary key, never a scan of the scope); the ``UPDATE ...
+    FROM`` applies every item whose conditions hold, each on its own; the claims
+    are inserted from its output; the answer has one row per item, in order, in
+    the layout of a single commit's: the new version and fence when applied, else
+    the record as the statement's snapshot saw it (a lateral primary-key lookup,
+    only for the items not applied) and the lease row.
+    """
+    sets = ["state = i.s", "version = r.version + 1", f"updated_at = {NOW}"]
+    where = [
+        "r.collection = %(name)s",
+        "r.key = i.k",
+        "r.version = i.v",
+        # jsonb containment of scalars is JSON equality: true is not 1, 1 is 1.0
+        "(i.g IS NULL OR r.state @> i.g)",
+        "NOT i.seen",
+    ]
+    lease_cols, lease_join = "NULL::text, NULL::bigint, NULL::float8", ""
+    if fenced:
+        sets.append("fence = greatest(r.fence, %(token)s::bigint)")
+        where += ["r.fence <= %(token)s::bigint", LEASE_LIVE]
+        lease_cols = "l.owner, l.token, l.expires_at"
+        lease_join = " LEFT JOIN fencing_leases l ON l.name = %(lease)s"
+    return (
+        "WITH fencing_item AS MATERIALIZED (SELECT i.*, s.seen IS NOT NULL AS seen"
+        " FROM ROWS FROM (json_to_recordset(%(items)s::json)"
+        " AS (k text, j text, i text, v bigint, s jsonb, g jsonb))"
+        " WITH ORDINALITY AS i(k, j, i, v, s, g, n)"
+        " LEFT JOIN LATERAL (SELECT true AS seen FROM fencing_applied a"
+        " WHERE a.scope = %(scope)s AND a.intent_id = i.i AND a.key = i.j LIMIT 1) AS s ON true),"
+        f" fencing_upd AS (UPDATE fencing_records AS r SET {', '.join(sets)}"
+        f" FROM fencing_item i WHERE {' AND '.join(where)}"
+        " RETURNING i.n, i.i, i.j, r.version, r.fence),"
+        " fencing_claim AS (INSERT INTO fencing_applied (scope, intent_id, key, applied_at)"
+        f" SELECT %(scope)s, u.i, u.j, {NOW} FROM fencing_upd u)"
+        f" SELECT u.n IS NOT NULL, i.seen, coalesce(u.fence, r.fence), {lease_cols}, {NOW},"
+        " coalesce(u.version, r.version), r.state"
+        " FROM fencing_item i LEFT JOIN fencing_upd u ON u.n = i.n"
+        " LEFT JOIN LATERAL (SELECT r.fence, r.version, r.state FROM fencing_records r"
+        " WHERE u.n IS NULL AND r.collection = %(name)s AND r.key = i.k LIMIT 1) AS r ON true"
+        f"{lease_join} ORDER BY i.n"
+    )
+
+
+# A batch first locks what its answer depends on, in key order, so that every item's
+# outcome (applied or refused, and the record it reports) holds at the batch's commit:
+# the keys' tombstones (made if missing; shared: no create or delete of them), the
+# records (exclusive: no other commit), and the lease it writes under (shared: no
+# takeover). The batch itself then runs on a snapshot taken after those locks.
+BATCH_KEYS_NEW: Final = (
+    "INSERT INTO fencing_tombstones (collection, key, version)"
+    " SELECT %(name)s, k, 0 FROM unnest(%(keys)s::text[]) AS k ORDER BY k"
+    " ON CONFLICT (collection, key) DO NOTHING"
+)
+BATCH_KEYS_LOCK: Final = (
+    "SELECT 1 FROM fencing_tombstones WHERE collection = %(name)s"
+    " AND key = ANY(%(keys)s::text[]) ORDER BY key FOR SHARE"
+)
+BATCH_RECORDS_LOCK: Final = (
+    "SELECT 1 FROM fencing_records WHERE collection = %(name)s"
+    " AND key = ANY(%(keys)s::text[]) ORDER BY key FOR UPDATE"
+)
+BATCH_LEASE_LOCK: Final = "SELECT 1 FROM fencing_leases WHERE name = %(lease)s FOR SHARE"
+
+
+@lru_cache(maxsize=256)
+def table_rows_lock(target: Target) -> str:
+    k = quoted(target.key_column)
+    return f"SELECT 1 FROM {quoted(target.name)} WHERE {k} = ANY(%(keys)s) ORDER BY {k} FOR UPDATE"
+
+
+@lru_cache(maxsize=256)
+def table_probe(target: Target) -> str:
+    """The probe of a guarded table: same fixed columns, then the row's own."""
+    t = quoted(target.name)
+    return (
+        f"SELECT false, {IS_APPLIED}, (SELECT f.fence FROM fencing_fences f"
+        " WHERE f.scope = %(scope)s AND f.key = %(key_json)s),"
+        f" l.owner, l.token, l.expires_at, {NOW}, {t}.*"
+        f" FROM (SELECT 1) AS fencing_one LEFT JOIN {t} ON {t}.{quoted(target.key_column)}"
+        " = %(key)s LEFT JOIN fencing_leases l ON l.name = %(lease)s"
+    )
+
+
+@lru_cache(maxsize=1024)
+def table_commit(
+    target: Target, columns: tuple[str, ...], guards: tuple[str, ...], check: bool, fenced: bool
+) -> str:
+    """The one-statement commit for this shape of request to a guarded table.
+
+    Only ``columns`` are written (``%(s0)s``...); ``guards`` compare with ``IS NOT
+    DISTINCT FROM`` (``%(g0)s``...); ``check`` adds the version condition.
+    """
+    t, k = quoted(target.name), quoted(target.key_column)
+    sets = [f"{quoted(c)} = %(s{i})s" for i, c in enumerate(columns)]
+    where = [f"{k} = %(key)s"]
+    if target.version_column is not None:
+        v = quoted(target.version_column)
+        sets.append(f"{v} = {v} + 1")
+        if check:
+            where.append(f"{v} = %(version)s")
+    where += [f"{quoted(c)} IS NOT DISTINCT FROM %(g{i})s" for i, c in enumerate(guards)]
+    where.append(f"NOT {IS_APPLIED}")
+    ctes = [f"fencing_upd AS (UPDATE {t} SET {', '.join(sets)}"]
+    if fenced:
+        where.append(
+            "NOT EXISTS (SELECT 1 FROM fencing_fences f WHERE f.scope = %(scope)s"
+            " AND f.key = %(key_json)s AND f.fence > %(token)s::bigint)"
+        )
+        where.append(LEASE_LOCKED)
+    ctes[0] += f" WHERE {' AND '.join(where)} RETURNING *)"
+    if fenced:
+        ctes.insert(0, LEASE_LOCK_CTE)
+    if fenced:
+        # Sees the newest fence (ON CONFLICT locks it); a newer one leaves it empty,
+        # and then the claim below violates NOT NULL: the statement rolls back.
+        ctes.append(
+            "fencing_fence AS (INSERT INTO fencing_fences AS f (scope, key, fence)"
+            " SELECT %(scope)s, %(key_json)s, %(token)s::bigint FROM fencing_upd"
+            " ON CONFLICT (scope, key) DO UPDATE SET fence = excluded.fence"
+            " WHERE f.fence <= excluded.fence RETURNING f.fence)"
+        )
+        applied_at = f"CASE WHEN EXISTS (SELECT 1 FROM fencing_fence) THEN {NOW} END"
+        fence = "(SELECT fence FROM fencing_fence)"
+    else:
+        applied_at = NOW
+        fence = (
+            "(SELECT f.fence FROM fencing_fences f WHERE f.scope = %(scope)s"
+            " AND f.key = %(key_json)s)"
+        )
+    ctes.append(
+        "fencing_claim AS (INSERT INTO fencing_applied (scope, intent_id, key, applied_at)"
+        f" SELECT %(scope)s, %(id)s, %(key_json)s, {applied_at} FROM fencing_upd)"
+    )
+    return (
+        f"WITH {', '.join(ctes)}"
+        f" SELECT true, false, {fence}, NULL::text, NULL::bigint, NULL::float8, {NOW}, u.*"
+        f" FROM fencing_upd u UNION ALL ({table_probe(target)}"
+        " WHERE NOT EXISTS (SELECT 1 FROM fencing_upd))"
+    )
+
+
+# -- effects ---------------------------------------------------------------------------
+EFFECT_ROW: Final = ", ".join(EFFECT_COLUMNS)
+EFFECT_ORDER: Final = " ORDER BY recorded_at, idempotency_key"
+RECORD_EFFECT: Final = (
+    f"WITH fencing_new AS (INSERT INTO fencing_effects ({EFFECT_ROW})"
+    " VALUES (%(key)s, %(scope)s, %(record_key)s, %(id)s, %(transition)s, %(name)s,"
+    f" %(status)s, %(detail)s::text, NULL, NULL, {NOW}, {NOW})"
+    f" ON CONFLICT (idempotency_key) DO NOTHING RETURNING {EFFECT_ROW})"
+    f" SELECT {EFFECT_ROW} FROM fencing_new UNION ALL"
+    f" (SELECT {EFFECT_ROW} FROM fencing_effects WHERE idempotency_key = %(key)s"
+    " AND NOT EXISTS (SELECT 1 FROM fencing_new))"
+)
+MARK_EFFECT: Final = (
+    "UPDATE fencing_effects SET status = coalesce(%(status)s::text, status),"
+    f" detail = coalesce(%(detail)s::text, detail), updated_at = {NOW},"
+    f" reconciled_at = CASE WHEN %(reconcile)s::boolean THEN coalesce(reconciled_at, {NOW})"
+    f" ELSE reconciled_at END WHERE idempotency_key = %(key)s RETURNING {EFFECT_ROW}"
+)
+SETTLE_EFFECTS: Final = (
+    f"WITH fencing_settled AS (UPDATE fencing_effects SET outcome = %(outcome)s,"
+    f" updated_at = {NOW} WHERE scope = %(scope)s AND intent_id = %(id)s"
+    f" AND outcome IS NULL RETURNING {EFFECT_ROW})"
+    f" SELECT {EFFECT_ROW} FROM fencing_settled UNION ALL"
+    f" SELECT {EFFECT_ROW} FROM fencing_effects e"
+    " WHERE e.scope = %(scope)s AND e.intent_id = %(id)s"
+    " AND NOT EXISTS (SELECT 1 FROM fencing_settled s"
+    f" WHERE s.idempotency_key = e.idempotency_key){EFFECT_ORDER}"
+)
+_LIST_EFFECTS: Final = (
+    f"SELECT {EFFECT_ROW} FROM fencing_effects WHERE {{}}{EFFECT_ORDER} LIMIT %(limit)s"
+)
+EFFECTS_BY_KEY: Final = _LIST_EFFECTS.format("idempotency_key = %(key)s")
+EFFECTS_BY_INTENT: Final = _LIST_EFFECTS.format("scope = %(scope)s AND intent_id = %(id)s")
+EFFECTS_OPEN: Final = _LIST_EFFECTS.format("outcome IS NOT NULL AND reconciled_at IS NULL")
+EFFECTS_PENDING: Final = _LIST_EFFECTS.format(PENDING.format(cutoff=f"({NOW} - %(age)s::float8)"))
+
+PRUNE_EFFECTS: Final = "DELETE FROM fencing_effects WHERE " + PRUNABLE.format(
+    cutoff=f"({NOW} - %(age)s::float8)"
+)

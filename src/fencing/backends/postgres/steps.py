@@ -1,0 +1,53 @@
+"""PostgreSQL's steps: what a flow asks its driver to run (a ``Query`` or a ``Pipeline``),
+and what it gets back (an ``Answer``, or a list of them for a pipeline)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from ..._flow import Flow
+from .errors import Disconnected
+
+__all__ = ["Answer", "Pipeline", "Query", "Step", "read_only"]
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One statement on its own (autocommit): its own transaction, one round trip."""
+
+    text: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    names: bool = False  # the flow reads the answer's column names
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """Statements sent at once with one Sync: one round trip, one implicit transaction."""
+
+    queries: tuple[Query, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A statement's result: column names, rows and row count."""
+
+    names: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+    rowcount: int
+
+
+#: A flow yields steps, receives an ``Answer`` (``list[Answer]`` for a ``Pipeline``), may
+#: receive a translated error thrown back in, and returns the operation's result.
+Step: TypeAlias = Query | Pipeline
+
+
+def read_only(query: Query) -> Flow[Answer]:
+    """A statement safe to run again (a read, or an idempotent write): once more, on a
+    fresh connection, if the first was lost under it."""
+    try:
+        result: Answer = yield query
+    except Disconnected:
+        result = yield query
+    return result
