@@ -27,16 +27,13 @@ from psycopg_pool import AsyncConnectionPool
 from ..._errors import ConfigurationError, FencingError, TransientStoreError
 from .._abase import AsyncFlowBackend
 from .._base import FlowBackend
-from .._contract import Flows
+from .._contract import AsyncBackend, Backend, Flows
 from .._pool import Pool
 from .errors import CONFIG_STATES, CONFIG_TEXT, translate
 from .flows import PostgresFlows
 from .settings import Settings
 from .statements import SEARCH_PATH, qualified
 from .steps import Answer, Query, Step
-
-if TYPE_CHECKING:
-    from .._contract import AsyncBackend, Backend
 
 __all__ = ["AsyncPostgresBackend", "PostgresBackend"]
 
