@@ -92,7 +92,8 @@ def _create_table(
     rows: Iterable[Mapping[str, Any]],
 ) -> None:
     """Declare the table and write its rows as a user would: one hash per row."""
-    from fencing.backends.redis import field_text, open_backend
+    from fencing.backends.redis import open_backend
+    from fencing.backends.redis.scripts import field_text
 
     backend = open_backend(StoreURL.parse(store.url))
     try:

@@ -31,23 +31,13 @@ from fencing._request import CommitRequest, Target
 from fencing._rules import LeaseRef, LeaseRow, Status, judge
 from fencing._url import StoreURL
 from fencing._values import Intent, Record
-from fencing.backends.redis import (
-    SCRIPTS,
-    Call,
-    Each,
-    Layout,
-    RedisBackend,
-    Script,
-    Send,
-    check_slots,
-    commit_result,
-    judge_call,
-    judge_reply,
-    key_slot,
-    migrate_flow,
-    open_backend,
-    parse_settings,
-)
+from fencing.backends.redis import RedisBackend, open_backend
+from fencing.backends.redis.flows import RedisFlows
+from fencing.backends.redis.layout import Layout, key_slot
+from fencing.backends.redis.replies import commit_result, judge_reply
+from fencing.backends.redis.scripts import SCRIPTS, Call, Script, check_slots, judge_call
+from fencing.backends.redis.settings import settings_from_url
+from fencing.backends.redis.steps import Each, Send
 
 from ._backends import TABLE_COLUMNS, require_server
 from ._syncify import Loop, Syncified
@@ -364,12 +354,12 @@ def test_cluster_refuses_a_lease_in_another_slot_before_sending() -> None:
 
 
 def test_cluster_settings() -> None:
-    settings = parse_settings(StoreURL.parse("redis://h:7000?cluster=true"), {})
+    settings = settings_from_url(StoreURL.parse("redis://h:7000?cluster=true"), {})
     assert settings.layout.cluster and (settings.host, settings.port) == ("h", 7000)
     with pytest.raises(fencing.ConfigurationError, match="wait_replicas"):
-        parse_settings(StoreURL.parse("redis://h?cluster=1&wait_replicas=1"), {})
+        settings_from_url(StoreURL.parse("redis://h?cluster=1&wait_replicas=1"), {})
     with pytest.raises(fencing.ConfigurationError, match="database 0"):
-        parse_settings(StoreURL.parse("redis://h/3?cluster=1"), {})
+        settings_from_url(StoreURL.parse("redis://h/3?cluster=1"), {})
 
 
 # -- (d) tokens only grow ----------------------------------------------------------------
@@ -522,14 +512,14 @@ def test_table_guards_compare_text(
 def test_commit_many_is_one_round_trip(url: str) -> None:
     backend = _backend(url)
     sends: list[int] = []
-    step = backend._step
+    step = backend._run
 
     def counting(s: Any) -> object:
         if isinstance(s, Send):
             sends.append(len(s.commands))
         return step(s)
 
-    backend._step = counting  # type: ignore[method-assign]
+    backend._run = counting  # type: ignore[method-assign]
     try:
         for i in range(30):
             backend.create(ORDERS, f"k{i}", '{"n":0}')
@@ -594,17 +584,17 @@ def test_newer_schema_is_refused(url: str) -> None:
 
 def test_evicting_server_is_refused_unless_allowed() -> None:
     """The migrate flow is pure: fed INFO replies of an allkeys-lru server, it refuses."""
-    settings = parse_settings(StoreURL.parse("redis://h"), {})
-    flow = migrate_flow(settings)
+    settings = settings_from_url(StoreURL.parse("redis://h"), {})
+    flow = RedisFlows(settings).migrate()
     assert next(flow) == Each((("INFO", "server"), ("INFO", "memory")))
     with pytest.raises(fencing.ConfigurationError, match="allkeys-lru"):
         flow.send([[{"redis_version": "7.2.4"}, {"maxmemory_policy": "allkeys-lru"}]])
-    old = migrate_flow(settings)
+    old = RedisFlows(settings).migrate()
     next(old)
     with pytest.raises(fencing.ConfigurationError, match=r"Redis 7\.0 or newer"):
         old.send([[{"redis_version": "6.2.0"}, {"maxmemory_policy": "noeviction"}]])
     # a Cluster answers per primary: one evicting node is enough to refuse
-    many = migrate_flow(settings)
+    many = RedisFlows(settings).migrate()
     next(many)
     with pytest.raises(fencing.ConfigurationError, match="allkeys-lru"):
         many.send(
@@ -613,8 +603,8 @@ def test_evicting_server_is_refused_unless_allowed() -> None:
                 [{"redis_version": "7.2.4"}, {"maxmemory_policy": "allkeys-lru"}],
             ]
         )
-    allowed = parse_settings(StoreURL.parse("redis://h?allow_eviction=true"), {})
-    flow = migrate_flow(allowed)
+    allowed = settings_from_url(StoreURL.parse("redis://h?allow_eviction=true"), {})
+    flow = RedisFlows(allowed).migrate()
     next(flow)
     step = flow.send([[{"redis_version": "7.2.4"}, {"maxmemory_policy": "allkeys-lru"}]])
     assert isinstance(step, Send)  # goes on to the schema key
@@ -630,7 +620,7 @@ def test_big_integer_guard_refused_before_sending(url: str, opener: Callable[...
 
 def test_url_options_are_checked() -> None:
     def parse(u: str, **options: Any) -> Any:
-        return parse_settings(StoreURL.parse(u), dict(options))
+        return settings_from_url(StoreURL.parse(u), dict(options))
 
     s = parse("redis://user:p%40ss@h:6380/2?prefix=app&wait_replicas=2&wait_timeout_ms=50")
     assert (s.host, s.port, s.db, s.username, s.password) == ("h", 6380, 2, "user", "p@ss")

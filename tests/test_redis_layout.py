@@ -18,7 +18,7 @@ import pytest
 import fencing
 from fencing import InvalidIdentifier
 from fencing._request import Target
-from fencing.backends.redis import Layout
+from fencing.backends.redis.layout import Layout
 
 from ._backends import require_server
 from .backends_redis import HOST, PORT, cleanup, redis_url

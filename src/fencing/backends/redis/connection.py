@@ -1,4 +1,13 @@
-"""redis-py connections that an exception landing anywhere cannot leave half-ready.
+"""fencing's redis-py clients: made with redis-py's retries off (``connect``,
+``connect_async``), with connections that an exception landing anywhere cannot leave
+half-ready, and a Cluster client that gets its nodes back when it forgot them all
+(``revive``).
+
+fencing never re-sends a command that may have run: a dropped connection or a timeout
+raises ``TransientStoreError``, the outcome is unknown (see ``docs/backends/redis.md``).
+
+Half-ready connections
+----------------------
 
 redis-py's ``Connection.connect()`` stores the socket before it sends the handshake
 (``AUTH``, ``CLIENT SETNAME``, ``SELECT db``) and cleans up only after a ``RedisError``:
@@ -22,14 +31,137 @@ process (a segmentation fault, seen under a timer-signal storm).
 
 from __future__ import annotations
 
+import importlib
 import weakref
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["guard_cluster", "guard_pool", "guarded", "guarded_async"]
+from ..._errors import ConfigurationError, MissingDependency
+from .errors import driver_errors, translate
+from .settings import Settings
+
+if TYPE_CHECKING:
+    import redis as redis_sync
+    import redis.asyncio as redis_async
+    import redis.asyncio.cluster as redis_async_cluster
+    import redis.cluster as redis_sync_cluster
+
+    SyncClient = redis_sync.Redis | redis_sync_cluster.RedisCluster
+    AsyncClient = redis_async.Redis | redis_async_cluster.RedisCluster
+
+__all__ = [
+    "connect",
+    "connect_async",
+    "guard_cluster",
+    "guard_pool",
+    "guarded",
+    "guarded_async",
+    "revive",
+]
+
+T = TypeVar("T")
 
 
 _MADE: dict[tuple[type[Any], bool | None], type[Any]] = {}
+
+
+def connect(settings: Settings, options: dict[str, Any]) -> SyncClient:
+    """A synchronous client: ``options`` (those fencing does not know) go to
+    ``redis.Redis`` / ``RedisCluster`` as they are."""
+    try:
+        import redis
+        import redis.cluster
+    except ModuleNotFoundError as exc:
+        raise _missing(exc) from exc
+
+    kwargs = _client_options(settings, options)
+    client: SyncClient
+    if settings.layout.cluster:
+        client = _checked(
+            lambda: redis.cluster.RedisCluster(
+                host=settings.host,
+                port=settings.port,
+                cluster_error_retry_attempts=0,  # follow MOVED/ASK, never re-send
+                **kwargs,
+            )
+        )
+        guard_cluster(client)
+    else:
+        client = _checked(
+            lambda: redis.Redis(
+                host=settings.host, port=settings.port, db=settings.db, **_no_retry(), **kwargs
+            )
+        )
+        guard_pool(client.connection_pool)  # (no connection is made before the first command)
+    return client
+
+
+def connect_async(settings: Settings, options: dict[str, Any]) -> AsyncClient:
+    """The asyncio twin of :func:`connect`, over ``redis.asyncio``."""
+    try:
+        import redis.asyncio
+        import redis.asyncio.cluster
+    except ModuleNotFoundError as exc:
+        raise _missing(exc) from exc
+
+    kwargs = _client_options(settings, options)
+    client: AsyncClient
+    if settings.layout.cluster:
+        client = _checked(
+            lambda: redis.asyncio.cluster.RedisCluster(
+                host=settings.host,
+                port=settings.port,
+                # one attempt of a pipeline (0 would run none); single commands name
+                # their node, which turns the retries off (AsyncRedisBackend._command)
+                cluster_error_retry_attempts=1,
+                **kwargs,
+            )
+        )
+    else:
+        client = _checked(
+            lambda: redis.asyncio.Redis(
+                host=settings.host, port=settings.port, db=settings.db, **_no_retry(), **kwargs
+            )
+        )
+        pool = client.connection_pool
+        pool.connection_class = guarded_async(pool.connection_class)
+    return client
+
+
+def _missing(exc: ModuleNotFoundError) -> MissingDependency:
+    return MissingDependency(f"the redis backend needs {exc.name}: pip install 'fencing[redis]'")
+
+
+def _no_retry() -> dict[str, Any]:
+    """fencing never re-sends a command by itself: a lost reply is TransientStoreError."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return {"retry": Retry(NoBackoff(), 0)}
+
+
+def _checked(make: Callable[[], T]) -> T:
+    try:
+        return make()
+    except TypeError as exc:
+        raise ConfigurationError(f"redis: bad client option ({exc})") from exc
+    except driver_errors().errors as exc:  # a Cluster client connects as it is made
+        raise translate(exc) from exc
+
+
+def _client_options(settings: Settings, extra: dict[str, Any]) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "username": settings.username,
+        "password": settings.password,
+        "socket_timeout": settings.socket_timeout,
+        "socket_connect_timeout": settings.connect_timeout,
+        "client_name": settings.client_name,
+        "decode_responses": False,
+    }
+    if settings.ssl:
+        options["ssl"] = True
+    options.update(extra)
+    return options
 
 
 def guard_pool(pool: Any) -> None:
@@ -196,3 +328,30 @@ def _guarded_async(base: type[Any]) -> type[Any]:
 
     Guarded.__name__ = Guarded.__qualname__ = f"Fencing{base.__name__}"
     return Guarded
+
+
+def revive(client: Any, configured: tuple[str, int], module: str, known: dict[str, Any]) -> None:
+    """Give a Cluster client its nodes back once it has forgotten them all.
+
+    redis-py drops a node from its startup nodes on every connection error it sees
+    there (redis/redis-py#3693; the sync client's startup nodes are its node cache
+    too); when connections to every primary fail at once (a network blip, a proxy
+    restart), or several threads or tasks fail together, none is left and the client
+    could never connect again. ``known`` (the caller's, kept between calls) holds the
+    addresses seen so far; the nodes are rediscovered from them and the ``configured``
+    (host, port) of the store's URL.
+    """
+    manager: Any = getattr(client, "nodes_manager", None)
+    if manager is None:
+        return
+    nodes = manager.startup_nodes
+    if nodes:
+        if len(nodes) > len(known):
+            known.update({name: (n.host, n.port) for name, n in list(nodes.items())})
+        return
+    node_class = importlib.import_module(module).ClusterNode
+    extra = {} if module == "redis.cluster" else manager.connection_kwargs
+    addresses = {**known, "": configured}
+    for host, port in addresses.values():
+        if f"{host}:{port}" not in nodes:  # redis-py's node names
+            nodes[f"{host}:{port}"] = node_class(host, port, **extra)
