@@ -14,6 +14,7 @@ import asyncio
 import multiprocessing
 import os
 import random
+import sys
 import threading
 import time
 import uuid
@@ -616,6 +617,14 @@ def test_big_integer_guard_refused_before_sending(url: str, opener: Callable[...
     with pytest.raises(fencing.InvalidState, match="2\\*\\*53"):
         orders.commit(rec.intent("x", guard={"n": 2**60}), {"n": 0})
     assert orders.get("o-1").version == 1
+
+
+def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "redis", None)
+    with pytest.raises(fencing.MissingDependency, match=r"fencing\[redis\]"):
+        fencing.open("redis://127.0.0.1:6379/0")
+    with pytest.raises(fencing.MissingDependency, match=r"fencing\[redis\]"):
+        asyncio.run(fencing.open_async("redis://127.0.0.1:6379/0"))
 
 
 def test_url_options_are_checked() -> None:

@@ -107,8 +107,9 @@ def test_no_password_in_errors_of_malformed_urls(
 
 
 def test_no_password_in_reprs_of_parsed_urls_and_settings() -> None:
-    from fencing.backends import postgres, redis
+    from fencing.backends import postgres
     from fencing.backends.mysql.settings import settings_from_url as mysql_settings
+    from fencing.backends.redis.settings import settings_from_url as redis_settings
 
     for scheme in ("postgresql", "mysql", "redis"):
         parsed = StoreURL.parse(f"{scheme}://user:{SECRET}@db.example/1?password={SECRET}")
@@ -121,7 +122,7 @@ def test_no_password_in_reprs_of_parsed_urls_and_settings() -> None:
     url = StoreURL.parse(f"mysql://user:{SECRET}@db.example/shop")
     assert SECRET not in repr(mysql_settings(url, {}))
     url = StoreURL.parse(f"redis://user:{SECRET}@db.example/0")
-    assert SECRET not in repr(redis.parse_settings(url, {}))
+    assert SECRET not in repr(redis_settings(url, {}))
 
 
 def test_no_signing_key_in_signer_errors_or_repr() -> None:

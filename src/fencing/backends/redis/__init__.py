@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._url import StoreURL
-from .connection import connect, connect_async
+from .connection import connect
 from .driver import AsyncRedisBackend, RedisBackend
 from .flows import SCHEMA_VERSION
 from .settings import settings_from_url
@@ -39,4 +39,4 @@ def open_backend(url: StoreURL, **options: Any) -> RedisBackend:
 async def open_async_backend(url: StoreURL, **options: Any) -> AsyncRedisBackend:
     """The asyncio twin of :func:`open_backend`, over ``redis.asyncio``."""
     settings = settings_from_url(url, options)
-    return AsyncRedisBackend(settings, connect_async(settings, options))
+    return AsyncRedisBackend(settings, connect(settings, options, asyncio=True))

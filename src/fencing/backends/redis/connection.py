@@ -1,7 +1,6 @@
-"""fencing's redis-py clients: made with redis-py's retries off (``connect``,
-``connect_async``), with connections that an exception landing anywhere cannot leave
-half-ready, and a Cluster client that gets its nodes back when it forgot them all
-(``revive``).
+"""fencing's redis-py clients: made with redis-py's retries off (``connect``), with
+connections that an exception landing anywhere cannot leave half-ready, and a Cluster
+client that gets its nodes back when it forgot them all (``revive``).
 
 fencing never re-sends a command that may have run: a dropped connection or a timeout
 raises ``TransientStoreError``, the outcome is unknown (see ``docs/backends/redis.md``).
@@ -51,7 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "connect",
-    "connect_async",
     "guard_cluster",
     "guard_pool",
     "guarded",
@@ -65,71 +63,45 @@ T = TypeVar("T")
 _MADE: dict[tuple[type[Any], bool | None], type[Any]] = {}
 
 
-def connect(settings: Settings, options: dict[str, Any]) -> SyncClient:
-    """A synchronous client: ``options`` (those fencing does not know) go to
-    ``redis.Redis`` / ``RedisCluster`` as they are."""
+def connect(settings: Settings, options: dict[str, Any], *, asyncio: bool = False) -> Any:
+    """A client (``redis.Redis`` or ``RedisCluster``; from ``redis.asyncio`` with
+    ``asyncio``): ``options`` (those fencing does not know) go to it as they are."""
     try:
-        import redis
-        import redis.cluster
-    except ModuleNotFoundError as exc:
-        raise _missing(exc) from exc
+        import redis  # the driver itself, whether or not its modules were imported
 
+        driver = importlib.import_module("redis.asyncio") if asyncio else redis
+        cluster = importlib.import_module(f"{driver.__name__}.cluster")
+    except ModuleNotFoundError as exc:
+        raise MissingDependency(
+            f"the redis backend needs {exc.name}: pip install 'fencing[redis]'"
+        ) from exc
     kwargs = _client_options(settings, options)
-    client: SyncClient
     if settings.layout.cluster:
         client = _checked(
-            lambda: redis.cluster.RedisCluster(
+            lambda: cluster.RedisCluster(
                 host=settings.host,
                 port=settings.port,
-                cluster_error_retry_attempts=0,  # follow MOVED/ASK, never re-send
+                # sync: follow MOVED/ASK, never re-send. asyncio: one attempt of a
+                # pipeline (0 would run none); single commands name their node, which
+                # turns the retries off (AsyncRedisBackend._command)
+                cluster_error_retry_attempts=1 if asyncio else 0,
                 **kwargs,
             )
         )
-        guard_cluster(client)
-    else:
-        client = _checked(
-            lambda: redis.Redis(
-                host=settings.host, port=settings.port, db=settings.db, **_no_retry(), **kwargs
-            )
+        if not asyncio:
+            guard_cluster(client)
+        return client
+    client = _checked(
+        lambda: driver.Redis(
+            host=settings.host, port=settings.port, db=settings.db, **_no_retry(), **kwargs
         )
-        guard_pool(client.connection_pool)  # (no connection is made before the first command)
-    return client
-
-
-def connect_async(settings: Settings, options: dict[str, Any]) -> AsyncClient:
-    """The asyncio twin of :func:`connect`, over ``redis.asyncio``."""
-    try:
-        import redis.asyncio
-        import redis.asyncio.cluster
-    except ModuleNotFoundError as exc:
-        raise _missing(exc) from exc
-
-    kwargs = _client_options(settings, options)
-    client: AsyncClient
-    if settings.layout.cluster:
-        client = _checked(
-            lambda: redis.asyncio.cluster.RedisCluster(
-                host=settings.host,
-                port=settings.port,
-                # one attempt of a pipeline (0 would run none); single commands name
-                # their node, which turns the retries off (AsyncRedisBackend._command)
-                cluster_error_retry_attempts=1,
-                **kwargs,
-            )
-        )
-    else:
-        client = _checked(
-            lambda: redis.asyncio.Redis(
-                host=settings.host, port=settings.port, db=settings.db, **_no_retry(), **kwargs
-            )
-        )
-        pool = client.connection_pool
+    )
+    pool = client.connection_pool
+    if asyncio:
         pool.connection_class = guarded_async(pool.connection_class)
+    else:
+        guard_pool(pool)  # (no connection is made before the first command)
     return client
-
-
-def _missing(exc: ModuleNotFoundError) -> MissingDependency:
-    return MissingDependency(f"the redis backend needs {exc.name}: pip install 'fencing[redis]'")
 
 
 def _no_retry() -> dict[str, Any]:
