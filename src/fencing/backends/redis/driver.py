@@ -46,6 +46,7 @@ class _RedisDriver:
 
     scheme = "redis"
     flows: Flows
+    _cluster_module: str  # redis-py's Cluster module of the driver's client
 
     def __init__(self, settings: Settings, client: Any) -> None:
         self.settings = settings
@@ -83,6 +84,11 @@ class _RedisDriver:
         write = name == "commit"
         return judge_call(self.layout, request, name), write, self._direct or not write
 
+    def _revive(self) -> None:
+        """Give the Cluster client its nodes back if it forgot them all (``revive``)."""
+        address = (self.settings.host, self.settings.port)
+        revive(self.client, address, self._cluster_module, self._known)
+
     def _targets(self) -> list[dict[str, Any]]:
         """The keyword arguments that send a command to each primary of a Cluster (one
         empty set when standalone)."""
@@ -99,6 +105,7 @@ class RedisBackend(_RedisDriver, FlowBackend):
     """The synchronous Redis backend (``fencing.open("redis://...")``)."""
 
     client: SyncClient
+    _cluster_module = "redis.cluster"
 
     def _run(self, step: Step) -> object:
         try:
@@ -112,7 +119,7 @@ class RedisBackend(_RedisDriver, FlowBackend):
         # cluster_error_retry_attempts=0: it follows MOVED and ASK, never re-sends.
         client: Any = self.client
         if self.layout.cluster:
-            revive(client, (self.settings.host, self.settings.port), "redis.cluster", self._known)
+            self._revive()
         return client.execute_command(*command)
 
     def _carry_out(self, step: Step) -> object:
@@ -172,6 +179,7 @@ class AsyncRedisBackend(_RedisDriver, AsyncFlowBackend):
     """The asyncio Redis backend (``fencing.open_async("redis://...")``)."""
 
     client: AsyncClient
+    _cluster_module = "redis.asyncio.cluster"
 
     async def _run(self, step: Step) -> object:
         try:
@@ -216,10 +224,6 @@ class AsyncRedisBackend(_RedisDriver, AsyncFlowBackend):
             return [[await client.execute_command(*c, **t) for c in step.commands] for t in targets]
         cursor, keys = await client.scan(step.state[1], **self._scan_options(step, targets))
         return scan_reply(step.state, len(targets), cursor, keys)
-
-    def _revive(self) -> None:
-        address = (self.settings.host, self.settings.port)
-        revive(self.client, address, "redis.asyncio.cluster", self._known)
 
     # the hot path (see _RedisDriver): one script call, sent straight
     async def commit(self, request: CommitRequest) -> CommitResult:
