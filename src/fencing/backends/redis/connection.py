@@ -154,8 +154,7 @@ def guard_pool(pool: Any) -> None:
                 super().reset()
                 self._in_use_connections: weakref.WeakSet[Any] = weakref.WeakSet()
 
-        WeakInUse.__name__ = WeakInUse.__qualname__ = f"Fencing{base.__name__}"
-        made = _MADE[(base, None)] = WeakInUse
+        made = _MADE[(base, None)] = _named(WeakInUse, base)
     pool.__class__ = made
     pool._in_use_connections = weakref.WeakSet(pool._in_use_connections)
     pool.connection_class = guarded(pool.connection_class)
@@ -165,7 +164,7 @@ def guarded(base: type[Any]) -> type[Any]:
     """``base`` (a ``redis.connection.Connection`` class), made safe to interrupt."""
     made = _MADE.get((base, False))
     if made is None:
-        made = _MADE[(base, False)] = _guarded(base)
+        made = _MADE[(base, False)] = _named(_guarded(base), base)
     return made
 
 
@@ -173,7 +172,7 @@ def guarded_async(base: type[Any]) -> type[Any]:
     """``base`` (a ``redis.asyncio.connection.Connection`` class), made safe to cancel."""
     made = _MADE.get((base, True))
     if made is None:
-        made = _MADE[(base, True)] = _guarded_async(base)
+        made = _MADE[(base, True)] = _named(_guarded_async(base), base)
     return made
 
 
@@ -195,6 +194,11 @@ def guard_cluster(client: Any) -> None:
             pool.disconnect()
             pool.reset()
             guard_pool(pool)
+
+
+def _named(made: type[Any], base: type[Any]) -> type[Any]:
+    made.__name__ = made.__qualname__ = f"Fencing{base.__name__}"
+    return made
 
 
 def _guarded(base: type[Any]) -> type[Any]:
@@ -248,7 +252,6 @@ def _guarded(base: type[Any]) -> type[Any]:
             self._fencing_owed -= 1
             return reply
 
-    Guarded.__name__ = Guarded.__qualname__ = f"Fencing{base.__name__}"
     return Guarded
 
 
@@ -298,7 +301,6 @@ def _guarded_async(base: type[Any]) -> type[Any]:
             self._fencing_owed -= 1
             return reply
 
-    Guarded.__name__ = Guarded.__qualname__ = f"Fencing{base.__name__}"
     return Guarded
 
 
