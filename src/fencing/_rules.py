@@ -102,10 +102,14 @@ def judge(
     lease: LeaseRef | None,
     lease_row: LeaseRow | None,
     now: float,
+    guard_held: bool | None = None,
 ) -> Status:
     """Whether a commit of ``intent`` may apply to ``record``, and if not, why.
 
     Order matters and is part of the contract: missing, duplicate, fenced, stale.
+    ``guard_held``, when given, is the store's own comparison of the intent's guard with
+    the record (SQLite compares a bound ``Decimal`` or ``datetime`` with the column's
+    affinity, which Python cannot repeat); else the guard is compared here.
     """
     if record is None:
         return Status.MISSING
@@ -121,7 +125,7 @@ def judge(
     expected = intent.expected_version
     if expected is not None and record.version != expected:
         return Status.STALE
-    if not guard_holds(intent.guard, record.state):
+    if not (guard_holds(intent.guard, record.state) if guard_held is None else guard_held):
         return Status.STALE
     return Status.OK
 

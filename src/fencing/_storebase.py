@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from ._effects import (
@@ -29,7 +30,8 @@ from ._errors import (
 )
 from ._request import CommitRequest, CommitResult, LeaseAnswer, Target, outcome_for
 from ._rules import LeaseRef, LeaseRow, check_ttl
-from ._validate import check_column, check_key, check_name, compact_json, dump_state, is_unicode
+from ._types import column_value, state_size
+from ._validate import check_column, check_key, check_name, dump_state, is_unicode
 from ._values import Fenced, Intent, Outcome, Record
 
 if TYPE_CHECKING:
@@ -162,12 +164,15 @@ class TargetBase:
         self._writable = self._writable | {column}
         return column
 
-    def _check_columns(self, state: Mapping[str, Any]) -> None:
+    def _check_columns(self, state: Mapping[str, Any]) -> Mapping[str, Any]:
         """Check a table state's values and size (as ``dump_state`` would), then its
-        columns against the table."""
+        columns against the table. The state to write: ``state`` itself, or a copy
+        when a value is taken as another (an enum member as its value, a ``bytearray``
+        as ``bytes``)."""
         if not state:
             raise InvalidState(f"a commit to table {self.name!r} must set at least one column")
         chars = 0
+        taken: dict[str, Any] | None = None
         for column, value in state.items():
             kind = type(value)
             if kind is str:
@@ -185,29 +190,42 @@ class TargetBase:
                 if math.isfinite(value):
                     continue
                 raise InvalidState(f"column {column!r} must be finite")
-            # subclasses of str/int/float (enums, numpy scalars, ...) are not column values
-            raise InvalidState(
-                f"column {column!r} takes a string, number, boolean or None, not {kind.__name__}"
-            )
+            # Decimal, datetime, date, time, UUID, bytes; an enum member as its value.
+            # Other subclasses of str/int/float (numpy scalars, ...) are not column values.
+            taken_value = column_value(value, f"column {column!r}")
+            if isinstance(taken_value, str):
+                if not is_unicode(taken_value):
+                    raise InvalidState(f"column {column!r} holds a lone surrogate")
+                chars += len(taken_value)
+            elif isinstance(taken_value, bytes | Decimal):
+                chars += len(taken_value) if isinstance(taken_value, bytes) else 40
+            if taken_value is not value:
+                if taken is None:
+                    taken = dict(state)
+                taken[column] = taken_value
+        if taken is not None:
+            state = taken
         # A JSON character takes at most 6 bytes (an escape); a column's name, number
-        # and punctuation under 100. Below that bound the state surely fits; else measure.
+        # and punctuation under 100. Below that bound the state surely fits; else measure
+        # (a value beyond JSON as its text: bytes as base64).
         limit = self._options.max_state_bytes
         if 6 * chars + 100 * len(state) + 2 > limit:
-            size = len(compact_json(dict(state)).encode())
+            size = state_size(state)
             if size > limit:
                 raise InvalidState(f"state is {size} bytes of JSON, above {limit}")
         writable = self._writable
         for column in state:
             if column not in writable:
                 self._admit(column)
+        return state
 
     def _request(self, intent: object, state: object, lease: object) -> CommitRequest:
         checked = self._check_intent(intent)
         ref = None if lease is None else self._lease_ref(lease)
-        if self.target.kind == "table" and type(state) is dict:
+        if self.target.kind == "table" and isinstance(state, Mapping):
             # flat column values, checked in full here; their JSON only if a backend asks
-            self._check_columns(state)
-            return CommitRequest(self.target, checked, state, None, ref)
+            flat = state if type(state) is dict else dict(state)
+            return CommitRequest(self.target, checked, self._check_columns(flat), None, ref)
         text = self._state_json(state)
         assert isinstance(state, Mapping)
         return CommitRequest(self.target, checked, state, text, ref)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import re
@@ -9,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._errors import InvalidIdentifier, InvalidState
+from ._types import column_value, type_name
 
 __all__ = [
     "DEFAULT_MAX_STATE_BYTES",
@@ -111,8 +113,15 @@ def dump_state(state: object, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> str:
             raise InvalidState(f"state keys must be strings, not {key!r}")
     try:
         text = _ENCODER.encode(state)
-    except InvalidState:
-        raise
+    except InvalidState as exc:
+        where = _non_json_field(state)
+        if where is None:
+            raise
+        value = where[1]
+        raise InvalidState(
+            f"field {where[0]!r} holds {_short(value)} of type {type(value).__name__}, which"
+            " JSON cannot hold (a collection's state is a JSON document)"
+        ) from exc
     except (TypeError, ValueError) as exc:
         raise InvalidState(f"state is not JSON: {exc}") from exc
     except RecursionError:
@@ -156,13 +165,35 @@ def _check_nested_keys(state: Mapping[str, Any]) -> None:
             stack.extend(item for item in value if isinstance(item, _CONTAINERS))
 
 
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _non_json_field(state: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """The path (``items[2].price``) and value of the first value JSON cannot hold."""
+    stack: list[tuple[str, Any]] = [(k, v) for k, v in reversed(list(state.items()))]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            stack += [(f"{path}.{k}", v) for k, v in reversed(list(value.items()))]
+        elif isinstance(value, list | tuple):
+            stack += [(f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value)))]
+        elif not isinstance(value, _JSON_SCALARS):
+            return path, value
+    return None
+
+
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def check_guard(guard: object) -> dict[str, Any] | None:
-    """A state guard: required field values, scalars only, keyed by plain field names."""
+def check_guard(guard: object, *, table: bool = False) -> dict[str, Any] | None:
+    """A state guard: required field values, scalars only, keyed by plain field names.
+
+    An enum member stands for its value. A table's guard (``table=True``) may also hold
+    the column types beyond JSON (``_types.EXTENDED``); a collection holds JSON, so its
+    guard may not.
+    """
     if guard is None:
         return None
     if not isinstance(guard, Mapping) or not guard:
@@ -170,10 +201,15 @@ def check_guard(guard: object) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     for field, value in guard.items():
         check_column(field, "guard field")
+        if isinstance(value, enum.Enum):
+            value = value.value
         if value is not None and not isinstance(value, str | int | float | bool):
-            raise InvalidState(
-                f"guard value for {field!r} must be a string, number, boolean or None"
-            )
+            if not table or isinstance(value, enum.Enum):
+                raise InvalidState(
+                    f"guard value for {field!r} must be a string, number, boolean or None"
+                    + ("" if table else f" (a collection holds JSON), not {type_name(value)}")
+                )
+            value = column_value(value, f"guard value for {field!r}")
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidState(f"guard value for {field!r} must be finite")
         if type(value) is int and not -(2**63) <= value < 2**63:

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Final, Literal
 
 from ._errors import InvalidIdentifier, InvalidIntent, InvalidState
+from ._types import decode_tagged, encode_tagged, has_extended
 from ._validate import check_guard, check_key, check_name
 
 __all__ = [
@@ -34,7 +35,10 @@ __all__ = [
 ]
 
 Kind = Literal["collection", "table"]
-INTENT_FORMAT: Final = 1
+#: The newest intent format: 2 adds tagged guard values (``_types``). An intent is written
+#: in the oldest format that holds it (1 unless its guard has a tagged value); 1 and 2 read.
+INTENT_FORMAT: Final = 2
+INTENT_FORMATS: Final = (1, 2)
 MAX_INTENT_BYTES: Final = 64 * 1024
 MAX_VERSION: Final = 2**63 - 1
 _INTENT_ID = re.compile(r"[A-Za-z0-9_.:~\-]{1,128}")
@@ -175,7 +179,7 @@ class Intent:
                 isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_VERSION
             ):
                 raise _fail(f"expected_version {v!r} must be an integer from 0 to 2**63-1")
-            guard = check_guard(self.guard)
+            guard = check_guard(self.guard, table=self.kind == "table")
             if v is None and guard is None:
                 raise _fail("an intent needs an expected_version, a guard, or both")
             d = self.decided_at
@@ -246,15 +250,25 @@ class Intent:
         return self.id if cut < 0 else self.id[:cut]
 
     def to_dict(self) -> dict[str, Any]:
+        """The intent as JSON values: format 1, or 2 when a guard value is tagged (a
+        ``Decimal``, ``datetime``, ``date``, ``time``, ``UUID`` or ``bytes``)."""
+        guard = self.guard
+        tagged = guard is not None and has_extended(guard)
         return {
-            "v": INTENT_FORMAT,
+            "v": 2 if tagged else 1,
             "id": self.id,
             "kind": self.kind,
             "collection": self.collection,
             "key": self.key,
             "expected_version": self.expected_version,
             "transition": self.transition,
-            "guard": dict(self.guard) if self.guard is not None else None,
+            "guard": (
+                None
+                if guard is None
+                else {f: encode_tagged(v) for f, v in guard.items()}
+                if tagged
+                else dict(guard)
+            ),
             "decided_at": self.decided_at,
         }
 
@@ -272,15 +286,23 @@ class Intent:
         missing = {"v", "id", "collection", "key", "expected_version", "transition"} - set(data)
         if missing:
             raise _fail(f"missing field(s) {sorted(missing)}")
-        if type(data["v"]) is not int or data["v"] != INTENT_FORMAT:
-            raise _fail(f"format version {data['v']!r} is not supported (this is {INTENT_FORMAT})")
+        if type(data["v"]) is not int or data["v"] not in INTENT_FORMATS:
+            raise _fail(
+                f"format version {data['v']!r} is not supported (this reads 1 to {INTENT_FORMAT})"
+            )
+        guard = data.get("guard")
+        if data["v"] >= 2 and isinstance(guard, dict):
+            try:
+                guard = {f: decode_tagged(v, str(f)) for f, v in guard.items()}
+            except ValueError as exc:
+                raise _fail(str(exc)) from None
         return cls(
             id=data["id"],
             collection=data["collection"],
             key=data["key"],
             expected_version=data["expected_version"],
             transition=data["transition"],
-            guard=data.get("guard"),
+            guard=guard,
             kind=data.get("kind", "collection"),
             decided_at=data.get("decided_at", 0.0),
         )

@@ -182,15 +182,16 @@ class MemoryBackend:
             return CommitResult(status, record)
         target, intent, lease = request.target, request.intent, request.lease
         fence = max(record.fence, lease.token) if lease is not None else record.fence
-        state = json.loads(request.state_json)
         if target.kind == "collection":
+            state = json.loads(request.state_json)  # a copy the caller cannot change
             new = Record(target.name, intent.key, record.version + 1, fence, state)
             undo.put(
                 self._records, (target.name, intent.key), (new.version, fence, request.state_json)
             )
         else:
             rows = self._table(target).rows
-            row = {**rows[intent.key], **state}  # a new row: the old one stays as it was
+            # a new row: the old one stays as it was (column values are immutable)
+            row = {**rows[intent.key], **request.state}
             if target.version_column:
                 row[target.version_column] = record.version + 1
             undo.put(rows, intent.key, row)

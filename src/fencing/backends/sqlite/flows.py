@@ -69,7 +69,10 @@ class SQLiteFlows:
         return txn(lambda conn, now: op.read(conn, target, key), write=False)
 
     def probe(self, request: CommitRequest) -> Flow[CommitResult]:
-        if request.lease is not None:
+        if request.lease is not None or (
+            request.target.kind == "table" and request.intent.guard is not None
+        ):
+            # fenced, or a table guard SQLite compares: judged in one read transaction
             return (yield from txn(lambda conn, now: op.judged(conn, request, now), write=False))
         statements = self.statements
         record, applied = yield Txn(

@@ -17,6 +17,7 @@ from ..._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from ..._values import Record
 from . import statements as sql
 from .statements import Statements
+from .values import bound
 
 __all__ = [
     "acquire",
@@ -69,7 +70,15 @@ def judged(conn: sqlite3.Connection, request: CommitRequest, now: float) -> Comm
     args = (target.scope, request.claim_id, intent.key)
     applied = conn.execute(sql.IS_APPLIED, args).fetchone() is not None
     row = lease_row(conn, lease.name) if lease is not None else None
-    return CommitResult(judge(record, applied, intent, lease, row, now), record)
+    held = None
+    if target.kind == "table" and intent.guard and record is not None:
+        # SQLite compares the guard, as the UPDATE does (a column's affinity applies)
+        guard = intent.guard
+        found = conn.execute(
+            sql.guard_held(target, tuple(guard)), [*bound(guard.values()), intent.key]
+        ).fetchone()
+        held = found is not None and bool(found[0])
+    return CommitResult(judge(record, applied, intent, lease, row, now, held), record)
 
 
 def probe_row(
@@ -153,7 +162,10 @@ def commit(
         record = table_record(target, key, cur.description[:-1], row[:-1], row[-1] or 0)
         return CommitResult(Status.APPLIED, record)
     conn.execute(sql.UNCLAIM, (scope, request.claim_id, key))
-    return judged(conn, request, now)
+    found = judged(conn, request, now)
+    # refused although judged to apply: only a condition of the UPDATE can tell (as on
+    # the server backends, the store's own comparison has the last word): Stale
+    return CommitResult(Status.STALE, found.record) if found.status is Status.OK else found
 
 
 def _write_lease(conn: sqlite3.Connection, row: LeaseRow) -> None:

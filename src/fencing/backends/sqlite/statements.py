@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from ..._effects import EFFECT_COLUMNS
 from ..._request import CommitRequest, Target
+from .values import bound
 
 __all__ = ["Statements", "quote"]
 
@@ -93,6 +94,13 @@ def table_read(target: Target) -> str:
     return f"SELECT * FROM {quote(target.name)} WHERE {quote(target.key_column)} = ?"
 
 
+def guard_held(target: Target, fields: tuple[str, ...]) -> str:
+    """Whether a table row holds a guard's values, compared by SQLite (``IS ?``, with the
+    columns' affinity, as the conditional UPDATE compares them): 1, 0, or no row."""
+    held = " AND ".join(f"{quote(c)} IS ?" for c in fields)
+    return f"SELECT {held} FROM {quote(target.name)} WHERE {quote(target.key_column)} = ?"
+
+
 class Statements:
     """A guarded table's statements, built once per shape of request (one per store)."""
 
@@ -171,12 +179,12 @@ def update_params(request: CommitRequest, now: float) -> list[Any]:
         if lease is not None:
             params += [lease.token, lease.name, lease.token, now]
         return params
-    params = list(request.state.values())
+    params = bound(request.state.values())
     params.append(intent.key)
     if target.version_column and intent.expected_version is not None:
         params.append(intent.expected_version)
     if intent.guard:
-        params += intent.guard.values()
+        params += bound(intent.guard.values())
     if lease is not None:
         params += [target.scope, intent.key, lease.token, lease.name, lease.token, now]
     return params

@@ -1,0 +1,198 @@
+"""Column values beyond JSON: what a guarded table's columns and a table intent's guard
+take besides strings, numbers, booleans and None, and how an intent carries them. No I/O.
+
+The types (``EXTENDED``): ``Decimal`` (finite), ``datetime`` (naive or aware), ``date``,
+``time``, ``UUID`` and ``bytes``; a ``bytearray`` or ``memoryview`` is taken as the
+``bytes`` it holds, and an ``enum.Enum`` member as its ``.value`` (which must itself be a
+value a column takes). Each backend binds them as its driver does (see docs/types.md).
+
+In an intent's JSON (format 2) a guard value of one of these types is a tagged object,
+``{"$decimal": "9.50"}``, ``{"$datetime": "2026-12-03T10:00:00+00:00"}``, ``{"$date":
+...}``, ``{"$time": ...}``, ``{"$uuid": ...}``, ``{"$bytes": <base64>}``: lossless, and
+unambiguous, because a guard value is never a JSON object otherwise (guards hold scalars
+only), so no plain value needs escaping. Each tag's text is the one canonical spelling
+this module writes; any other spelling is refused, so one value has one encoding.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import enum
+import json
+import math
+import uuid
+from collections.abc import Callable, Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any, Final
+
+from ._errors import InvalidState
+
+__all__ = [
+    "EXTENDED",
+    "column_value",
+    "decode_tagged",
+    "encode_tagged",
+    "has_extended",
+    "state_size",
+    "type_name",
+]
+
+#: The column value types beyond JSON scalars (``datetime`` is a ``date``: test it first).
+EXTENDED: Final = (Decimal, dt.datetime, dt.date, dt.time, uuid.UUID, bytes)
+_PLAIN: Final = frozenset({str, int, float, bool, type(None)})
+
+
+def type_name(value: object) -> str:
+    return type(value).__name__
+
+
+def column_value(value: object, what: str) -> Any:
+    """``value`` as a column (or table guard) takes it: an ``EXTENDED`` value checked,
+    a ``bytearray``/``memoryview`` as ``bytes``, an enum member as its checked value.
+    Anything else raises ``InvalidState`` naming ``what`` (e.g. ``column 'total'``)."""
+    if isinstance(value, enum.Enum):
+        inner = value.value
+        if isinstance(inner, enum.Enum):
+            raise InvalidState(f"{what}: the enum {value!r} has an enum as its value")
+        if type(inner) in _PLAIN:
+            return _plain(inner, what)
+        return column_value(inner, what)
+    kind = type(value)
+    if kind is Decimal:
+        assert isinstance(value, Decimal)
+        if not value.is_finite():
+            raise InvalidState(f"{what} must be a finite Decimal, not {value}")
+        return value
+    if kind in (dt.datetime, dt.date, dt.time, uuid.UUID, bytes):
+        return value
+    if kind is bytearray or kind is memoryview:
+        assert isinstance(value, bytearray | memoryview)
+        return bytes(value)
+    if isinstance(value, EXTENDED):
+        # a subclass (pendulum's DateTime, a str-like UUID...): taken as its base type,
+        # so the store and the intent never see a type they might not know
+        return _as_base(value)
+    raise InvalidState(
+        f"{what} takes a string, number, boolean, None, Decimal, datetime, date, time,"
+        f" UUID or bytes (or an enum of those), not {kind.__name__}"
+    )
+
+
+def _plain(value: Any, what: str) -> Any:
+    if type(value) is float and not math.isfinite(value):
+        raise InvalidState(f"{what} must be finite")
+    if type(value) is int and not -(2**63) <= value < 2**63:
+        raise InvalidState(f"{what} takes integers within 64 bits")
+    return value
+
+
+def _as_base(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return column_value(Decimal(value), "a Decimal")
+    if isinstance(value, dt.datetime):
+        return dt.datetime(
+            value.year,
+            value.month,
+            value.day,
+            value.hour,
+            value.minute,
+            value.second,
+            value.microsecond,
+            value.tzinfo,
+            fold=value.fold,
+        )
+    if isinstance(value, dt.date):
+        return dt.date(value.year, value.month, value.day)
+    if isinstance(value, dt.time):
+        return dt.time(
+            value.hour, value.minute, value.second, value.microsecond, value.tzinfo, fold=value.fold
+        )
+    if isinstance(value, uuid.UUID):
+        return uuid.UUID(int=value.int)
+    return bytes(value)
+
+
+def _text(value: Any) -> Any:
+    tag = _TAG_OF.get(type(value))
+    if tag is None:
+        raise TypeError(f"{type_name(value)} is not a column value")
+    return _TAGS[tag][1](value)
+
+
+def state_size(state: Mapping[str, Any]) -> int:
+    """The bytes of a table state's JSON, a value beyond JSON counted as its tag's text."""
+    text = json.dumps(state, separators=(",", ":"), ensure_ascii=False, default=_text)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def has_extended(values: Mapping[str, Any]) -> bool:
+    """True if any value is not a JSON scalar (so it travels tagged)."""
+    return any(type(v) not in _PLAIN for v in values.values())
+
+
+# -- the tagged encoding ---------------------------------------------------------------
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+def _decimal(text: str) -> Decimal:
+    value = Decimal(text)
+    if not value.is_finite():
+        raise ValueError("not finite")
+    return value
+
+
+# tag -> (type, to text, from text); every from-text is the exact inverse of its to-text
+_TAGS: Final[dict[str, tuple[type, Callable[[Any], str], Callable[[str], Any]]]] = {
+    "$decimal": (Decimal, str, _decimal),
+    "$datetime": (dt.datetime, dt.datetime.isoformat, dt.datetime.fromisoformat),
+    "$date": (dt.date, dt.date.isoformat, dt.date.fromisoformat),
+    "$time": (dt.time, dt.time.isoformat, dt.time.fromisoformat),
+    "$uuid": (uuid.UUID, str, uuid.UUID),
+    "$bytes": (bytes, _b64, _unb64),
+}
+_TAG_OF: Final = {kind: tag for tag, (kind, _, _) in _TAGS.items()}
+
+
+def encode_tagged(value: Any) -> Any:
+    """A guard value as JSON: a scalar as is, an ``EXTENDED`` value as its tag object."""
+    tag = _TAG_OF.get(type(value))
+    if tag is None:
+        return value
+    return {tag: _TAGS[tag][1](value)}
+
+
+def decode_tagged(value: Any, field: str) -> Any:
+    """The inverse of ``encode_tagged``: a tag object decoded, anything else as is.
+
+    ``ValueError`` (with the field named) for an object that is not exactly one known
+    tag holding its canonical text.
+    """
+    if not isinstance(value, dict):
+        return value
+    if len(value) != 1:
+        raise ValueError(f"guard value for {field!r} is an object, not one tag ({_known()})")
+    ((tag, text),) = value.items()
+    spec = _TAGS.get(tag)
+    if spec is None:
+        raise ValueError(f"guard value for {field!r} has an unknown tag {tag!r} ({_known()})")
+    if not isinstance(text, str):
+        raise ValueError(f"guard value for {field!r}: {tag} takes a string")
+    _, to_text, from_text = spec
+    try:
+        decoded = from_text(text)
+    except (ValueError, TypeError, InvalidOperation, binascii.Error, UnicodeEncodeError):
+        decoded = None
+    if decoded is None or to_text(decoded) != text:
+        raise ValueError(f"guard value for {field!r}: {text!r} is not a canonical {tag} value")
+    return decoded
+
+
+def _known() -> str:
+    return "one of " + ", ".join(_TAGS)
