@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ._errors import InvalidLeaseRequest
+from ._types import loosely_equal
 from ._values import Intent, Record
 
 __all__ = [
@@ -81,7 +82,10 @@ def _same(a: Any, b: Any) -> bool:
     # JSON equality: true is not 1, 1 equals 1.0.
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
-    return bool(a == b)
+    if a == b:
+        return True
+    # a column value beyond JSON against another type (a UUID column read as text...)
+    return type(a) is not type(b) and loosely_equal(a, b)
 
 
 def guard_holds(guard: Mapping[str, Any] | None, state: Mapping[str, Any]) -> bool:

@@ -2,16 +2,19 @@
 take besides strings, numbers, booleans and None, and how an intent carries them. No I/O.
 
 The types (``EXTENDED``): ``Decimal`` (finite), ``datetime`` (naive or aware), ``date``,
-``time``, ``UUID`` and ``bytes``; a ``bytearray`` or ``memoryview`` is taken as the
-``bytes`` it holds, and an ``enum.Enum`` member as its ``.value`` (which must itself be a
-value a column takes). Each backend binds them as its driver does (see docs/types.md).
+``time``, ``timedelta`` (what PyMySQL reads from a ``TIME`` column), ``UUID`` and
+``bytes``; a ``bytearray`` or ``memoryview`` is taken as the ``bytes`` it holds, and an
+``enum.Enum`` member as its ``.value`` (which must itself be a value a column takes).
+Each backend binds them as its driver does, or refuses one it cannot hold (see
+docs/types.md).
 
-In an intent's JSON (format 2) a guard value of one of these types is a tagged object,
+In an intent's JSON (format 2) a guard value of one of these types is a tagged object:
 ``{"$decimal": "9.50"}``, ``{"$datetime": "2026-12-03T10:00:00+00:00"}``, ``{"$date":
-...}``, ``{"$time": ...}``, ``{"$uuid": ...}``, ``{"$bytes": <base64>}``: lossless, and
-unambiguous, because a guard value is never a JSON object otherwise (guards hold scalars
-only), so no plain value needs escaping. Each tag's text is the one canonical spelling
-this module writes; any other spelling is refused, so one value has one encoding.
+...}``, ``{"$time": ...}``, ``{"$timedelta": <microseconds>}``, ``{"$uuid": ...}``,
+``{"$bytes": <base64>}``; lossless, and unambiguous, because a guard value is never a
+JSON object otherwise (guards hold scalars only), so no plain value needs escaping. Each
+tag's text is the one canonical spelling this module writes; any other spelling is
+refused, so one value has one encoding.
 """
 
 from __future__ import annotations
@@ -31,16 +34,18 @@ from ._errors import InvalidState
 
 __all__ = [
     "EXTENDED",
+    "as_carried",
     "column_value",
     "decode_tagged",
     "encode_tagged",
     "has_extended",
+    "loosely_equal",
     "state_size",
     "type_name",
 ]
 
 #: The column value types beyond JSON scalars (``datetime`` is a ``date``: test it first).
-EXTENDED: Final = (Decimal, dt.datetime, dt.date, dt.time, uuid.UUID, bytes)
+EXTENDED: Final = (Decimal, dt.datetime, dt.date, dt.time, dt.timedelta, uuid.UUID, bytes)
 _PLAIN: Final = frozenset({str, int, float, bool, type(None)})
 
 
@@ -65,7 +70,7 @@ def column_value(value: object, what: str) -> Any:
         if not value.is_finite():
             raise InvalidState(f"{what} must be a finite Decimal, not {value}")
         return value
-    if kind in (dt.datetime, dt.date, dt.time, uuid.UUID, bytes):
+    if kind in (dt.datetime, dt.date, dt.time, dt.timedelta, uuid.UUID, bytes):
         return value
     if kind is bytearray or kind is memoryview:
         assert isinstance(value, bytearray | memoryview)
@@ -76,7 +81,7 @@ def column_value(value: object, what: str) -> Any:
         return _as_base(value)
     raise InvalidState(
         f"{what} takes a string, number, boolean, None, Decimal, datetime, date, time,"
-        f" UUID or bytes (or an enum of those), not {kind.__name__}"
+        f" timedelta, UUID or bytes (or an enum of those), not {kind.__name__}"
     )
 
 
@@ -109,6 +114,8 @@ def _as_base(value: Any) -> Any:
         return dt.time(
             value.hour, value.minute, value.second, value.microsecond, value.tzinfo, fold=value.fold
         )
+    if isinstance(value, dt.timedelta):
+        return dt.timedelta(value.days, value.seconds, value.microseconds)
     if isinstance(value, uuid.UUID):
         return uuid.UUID(int=value.int)
     return bytes(value)
@@ -127,9 +134,64 @@ def state_size(state: Mapping[str, Any]) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
+def as_carried(value: Any) -> Any:
+    """A guard value as an intent carries it: a ``datetime`` or ``time`` with its UTC
+    offset as a fixed offset and ``fold`` 0 (a zone's name and ``fold`` do not travel;
+    the instant does), so an intent equals itself read back from its JSON."""
+    kind = type(value)
+    if kind is dt.datetime or kind is dt.time:
+        return kind.fromisoformat(value.isoformat())
+    return value
+
+
 def has_extended(values: Mapping[str, Any]) -> bool:
     """True if any value is not a JSON scalar (so it travels tagged)."""
     return any(type(v) not in _PLAIN for v in values.values())
+
+
+def loosely_equal(stored: Any, wanted: Any) -> bool:
+    """Whether a row's value may equal a guard value of another type, as a store
+    comparing its own column would see them: a ``UUID`` and its text, a ``Decimal`` and
+    a float or its text, a ``datetime``/``date``/``time`` and its ISO text, a ``time``
+    and the ``timedelta`` PyMySQL reads from ``TIME``, bytes and a buffer. Used where a
+    probe is judged in Python: it may say yes where the store says no (the commit is the
+    store's word), never no where the store says yes."""
+    for a, b in ((stored, wanted), (wanted, stored)):
+        if isinstance(b, str) and type(a) in _FROM_TEXT:
+            try:
+                if _FROM_TEXT[type(a)](b) == a:
+                    return True
+            except (ValueError, TypeError, ArithmeticError):
+                pass
+        if type(a) is Decimal and type(b) in (int, float):
+            return bool(a == Decimal(repr(b)))
+        if type(a) is dt.time and type(b) is dt.timedelta and a.tzinfo is None:
+            return (
+                bool(dt.timedelta(0) <= b < dt.timedelta(days=1))
+                and a == (dt.datetime.min + b).time()
+            )
+        if isinstance(a, bytes | bytearray | memoryview) and isinstance(
+            b, bytes | bytearray | memoryview
+        ):
+            return bytes(a) == bytes(b)
+    return False
+
+
+def _loose_datetime(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text)
+
+
+def _loose_decimal(text: str) -> Decimal:
+    return Decimal(text.strip())
+
+
+_FROM_TEXT: Final[dict[type, Callable[[str], Any]]] = {
+    Decimal: _loose_decimal,
+    dt.datetime: _loose_datetime,
+    dt.date: dt.date.fromisoformat,
+    dt.time: dt.time.fromisoformat,
+    uuid.UUID: uuid.UUID,
+}
 
 
 # -- the tagged encoding ---------------------------------------------------------------
@@ -139,6 +201,16 @@ def _b64(data: bytes) -> str:
 
 def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+def _micros(value: dt.timedelta) -> str:
+    return str((value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds)
+
+
+def _unmicros(text: str) -> dt.timedelta:
+    if not text.lstrip("-").isdigit() or not text.isascii():
+        raise ValueError("not an integer")
+    return dt.timedelta(microseconds=int(text))
 
 
 def _decimal(text: str) -> Decimal:
@@ -154,6 +226,7 @@ _TAGS: Final[dict[str, tuple[type, Callable[[Any], str], Callable[[str], Any]]]]
     "$datetime": (dt.datetime, dt.datetime.isoformat, dt.datetime.fromisoformat),
     "$date": (dt.date, dt.date.isoformat, dt.date.fromisoformat),
     "$time": (dt.time, dt.time.isoformat, dt.time.fromisoformat),
+    "$timedelta": (dt.timedelta, _micros, _unmicros),
     "$uuid": (uuid.UUID, str, uuid.UUID),
     "$bytes": (bytes, _b64, _unb64),
 }
@@ -187,7 +260,14 @@ def decode_tagged(value: Any, field: str) -> Any:
     _, to_text, from_text = spec
     try:
         decoded = from_text(text)
-    except (ValueError, TypeError, InvalidOperation, binascii.Error, UnicodeEncodeError):
+    except (
+        ValueError,
+        TypeError,
+        OverflowError,
+        InvalidOperation,
+        binascii.Error,
+        UnicodeEncodeError,
+    ):
         decoded = None
     if decoded is None or to_text(decoded) != text:
         raise ValueError(f"guard value for {field!r}: {text!r} is not a canonical {tag} value")

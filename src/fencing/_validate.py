@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._errors import InvalidIdentifier, InvalidState
-from ._types import column_value, type_name
+from ._types import as_carried, column_value, type_name
 
 __all__ = [
     "DEFAULT_MAX_STATE_BYTES",
@@ -209,7 +209,7 @@ def check_guard(guard: object, *, table: bool = False) -> dict[str, Any] | None:
                     f"guard value for {field!r} must be a string, number, boolean or None"
                     + ("" if table else f" (a collection holds JSON), not {type_name(value)}")
                 )
-            value = column_value(value, f"guard value for {field!r}")
+            value = as_carried(column_value(value, f"guard value for {field!r}"))
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidState(f"guard value for {field!r} must be finite")
         if type(value) is int and not -(2**63) <= value < 2**63:

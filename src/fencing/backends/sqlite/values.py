@@ -13,7 +13,9 @@ text SQLite's own functions and most SQLite users read:
 * ``date``, ``time``: ``isoformat()``: ``"2026-12-03"``, ``"10:00:00"``;
 * ``UUID``: its 32 hex digits (``u.hex``), as SQLAlchemy's ``Uuid`` and Django's
   ``UUIDField`` store it in a ``CHAR(32)`` column;
-* ``bytes``: a BLOB, as is.
+* ``bytes``: a BLOB, as is;
+* ``timedelta``: refused (``InvalidState``): SQLite has no interval, and no spelling of
+  one is common enough to choose; store ``td.total_seconds()`` or text yourself.
 
 A row reads back as the driver gives it (text, a number, bytes): fencing registers no
 converter. A guard binds the same text as a write, and SQLite compares it (``IS ?``) with
@@ -26,6 +28,8 @@ import datetime as dt
 import uuid
 from decimal import Decimal
 from typing import Any, Final
+
+from ..._errors import InvalidState
 
 __all__ = ["bind", "bound"]
 
@@ -45,7 +49,10 @@ def bind(value: Any) -> Any:
         return value.isoformat()
     if kind is uuid.UUID:
         return value.hex
-    raise TypeError(f"sqlite: no binding for {kind.__name__}")  # checked by the front
+    raise InvalidState(
+        f"sqlite: a column cannot hold a {kind.__name__} (SQLite has no such type: store"
+        " a number or text of your choice, e.g. td.total_seconds())"
+    )
 
 
 def bound(values: Any) -> list[Any]:
