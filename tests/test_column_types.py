@@ -28,14 +28,14 @@ class Colour(enum.Enum):
     BLUE = "blue"
 
 
-UTC_PLUS_2 = dt.timezone(dt.timedelta(hours=2))
+TZ2 = dt.timezone(dt.timedelta(hours=2))
 UID = uuid.UUID("0f8fad5b-d9cb-469f-a165-70867728950e")
 
 # column -> (the value written, another value of the same type)
 VALUES: dict[str, tuple[Any, Any]] = {
     "total": (Decimal("9.50"), Decimal("12.25")),
     "at": (dt.datetime(2026, 12, 3, 10, 0, 0, 123456), dt.datetime(2026, 12, 4, 8, 30)),
-    "at_tz": (dt.datetime(2026, 12, 3, 10, tzinfo=UTC_PLUS_2), dt.datetime(2026, 1, 1, tzinfo=dt.UTC)),
+    "at_tz": (dt.datetime(2026, 12, 3, 10, tzinfo=TZ2), dt.datetime(2026, 1, 1, tzinfo=dt.UTC)),
     "day": (dt.date(2026, 12, 3), dt.date(1999, 1, 31)),
     "clock": (dt.time(10, 30, 15, 5), dt.time(23, 59, 59)),
     "span": (dt.timedelta(hours=5, minutes=3, seconds=2), dt.timedelta(hours=1)),
