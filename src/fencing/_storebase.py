@@ -222,10 +222,13 @@ class TargetBase:
     def _request(self, intent: object, state: object, lease: object) -> CommitRequest:
         checked = self._check_intent(intent)
         ref = None if lease is None else self._lease_ref(lease)
-        if self.target.kind == "table" and isinstance(state, Mapping):
+        if self.target.kind == "table":
             # flat column values, checked in full here; their JSON only if a backend asks
-            flat = state if type(state) is dict else dict(state)
-            return CommitRequest(self.target, checked, self._check_columns(flat), None, ref)
+            if type(state) is dict:
+                return CommitRequest(self.target, checked, self._check_columns(state), None, ref)
+            if isinstance(state, Mapping):
+                flat = self._check_columns(dict(state))
+                return CommitRequest(self.target, checked, flat, None, ref)
         text = self._state_json(state)
         assert isinstance(state, Mapping)
         return CommitRequest(self.target, checked, state, text, ref)

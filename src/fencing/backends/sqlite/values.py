@@ -57,4 +57,8 @@ def bind(value: Any) -> Any:
 
 def bound(values: Any) -> list[Any]:
     """``bind`` over values, as a list (a plain copy when all are SQLite's own)."""
-    return [v if type(v) in _NATIVE else bind(v) for v in values]
+    out = list(values)
+    for value in out:
+        if type(value) not in _NATIVE:
+            return [bind(v) for v in out]
+    return out
