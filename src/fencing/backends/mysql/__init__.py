@@ -7,7 +7,8 @@ and the record read back in the same transaction. How and why: ``docs/backends/m
 
 Files: ``settings`` (the URL's options), ``schema.sql`` / ``schema`` (fencing's tables and
 their upgrades), ``steps`` (``Batch``, the step the flows yield, and its ``Result``),
-``statements`` (fixed SQL), ``templates`` (SQL built per shape of request), ``answers``
+``statements`` (fixed SQL), ``templates`` (SQL built per shape of request), ``values``
+(what a column value beyond JSON is bound as), ``answers``
 (what result rows mean), ``flows`` and ``effects`` (the operations as flows),
 ``restart`` (a transaction started again after a deadlock), ``errors`` (``translate``),
 ``connection`` (a batch on a connection, the rules after an exception), ``driver`` (the

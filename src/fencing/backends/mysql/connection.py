@@ -162,6 +162,16 @@ def _quiet_cursor() -> type[Any]:
         async def _show_warnings(self, conn: Any) -> None:
             return None
 
+        def _escape_args(self, args: Any, conn: Any) -> Any:
+            # aiomysql 0.3 escapes bytes with a helper PyMySQL 1.1 removed (TypeError):
+            # bytes are given as a hex literal, X'...', the rest as aiomysql does
+            if isinstance(args, tuple | list):
+                return tuple(
+                    f"X'{a.hex()}'" if isinstance(a, bytes | bytearray) else conn.escape(a)
+                    for a in args
+                )
+            return super()._escape_args(args, conn)
+
     return QuietCursor
 
 

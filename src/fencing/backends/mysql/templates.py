@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from ..._request import CommitRequest, Target
 from . import statements as sql
 from .steps import Script
+from .values import bind, bound
 
 __all__ = [
     "Reads",
@@ -208,12 +209,12 @@ def add_commit(script: Script, request: CommitRequest) -> Slots:
         template = _table_template(target, shape)
         if lease is not None:
             params += _key_params(key)  # the row's lock
-        params += request.state.values()
+        params += bound(request.state.values())
         params += _key_params(key)
         if versioned:
             params.append(intent.expected_version)
         for value in guard.values():
-            params += [value, len(value)] if isinstance(value, str) else [value]
+            params += [value, len(value)] if isinstance(value, str) else [bind(value)]
         if lease is not None:
             params += [scope, text, lease.token, lease.name, lease.token]
         params += [scope, claim, text]
