@@ -250,3 +250,32 @@ def test_collections_refuse_what_json_cannot_hold(store: Any) -> None:
     intent = Intent.from_json(made.intent("x", guard={"g": "$decimal"}).to_json())
     assert intent.guard == {"g": "$decimal"}
     assert orders.commit(intent, {"ok": True}).committed
+
+
+# made by fencing before intent format 2 (format 1), with this key: it must still verify
+V1_TOKEN = (
+    "k1.eyJjb2xsZWN0aW9uIjoib3JkZXJzIiwiZGVjaWRlZF9hdCI6MTc5NjI5MjAwMC4wLCJleHBlY3RlZF92ZXJ"
+    "zaW9uIjozLCJndWFyZCI6eyJzdGF0dXMiOiJwYWNrZWQiLCJ0b3RhbCI6OS41fSwiaWQiOiIwMTkwZjAwZGZlZW"
+    "QiLCJrZXkiOjQyLCJraW5kIjoidGFibGUiLCJ0cmFuc2l0aW9uIjoic2hpcCIsInYiOjF9"
+    ".3PZFE6jZauJwDi-D2oZ_S8U10r5NOfWCaNfqGyNc9pk"
+)
+
+
+def test_signed_intent_verifies_across_the_format_change() -> None:
+    signer = fencing.Signer(keys={"k1": b"0123456789abcdef"}, current="k1")
+    old = signer.verify(V1_TOKEN)
+    assert old == Intent(
+        id="0190f00dfeed",
+        collection="orders",
+        key=42,
+        expected_version=3,
+        transition="ship",
+        guard={"status": "packed", "total": 9.5},
+        kind="table",
+        decided_at=1796292000.0,
+    )
+    # re-signed today it is the very same token: an intent without tagged values stays v1
+    assert signer.sign(old) == V1_TOKEN
+    tagged = Intent.new("orders", 42, 3, "ship", guard={"total": Decimal("9.50")}, kind="table")
+    again = signer.verify(signer.sign(tagged))
+    assert again == tagged and repr(again.guard) == repr(tagged.guard)
