@@ -279,3 +279,23 @@ def test_signed_intent_verifies_across_the_format_change() -> None:
     tagged = Intent.new("orders", 42, 3, "ship", guard={"total": Decimal("9.50")}, kind="table")
     again = signer.verify(signer.sign(tagged))
     assert again == tagged and repr(again.guard) == repr(tagged.guard)
+
+
+@pytest.mark.parametrize(
+    "value", [b"x" * 2000, Decimal("9" * 2000), bytearray(2000), Colour.RED, dt.date.today()]
+)
+def test_table_state_size_counts_every_value(value: Any) -> None:
+    """The state size limit counts a value beyond JSON as its text (bytes as base64)."""
+    with fencing.open("sqlite://:memory:", max_state_bytes=1000) as store:
+        store.backend.conn.execute(
+            "CREATE TABLE t (id INTEGER PRIMARY KEY, version INTEGER NOT NULL DEFAULT 1, v)"
+        )
+        store.backend.conn.execute("INSERT INTO t (id) VALUES (1)")
+        table = store.table("t", key="id", version="version")
+        big = isinstance(value, bytes | bytearray | Decimal)
+        if big:
+            with pytest.raises(InvalidState, match="above 1000"):
+                table.commit(table.intent(1, "x"), {"v": value})
+            assert table.get(1).version == 1
+        else:
+            assert table.commit(table.intent(1, "x"), {"v": value}).committed

@@ -197,8 +197,12 @@ class TargetBase:
                 if not is_unicode(taken_value):
                     raise InvalidState(f"column {column!r} holds a lone surrogate")
                 chars += len(taken_value)
-            elif isinstance(taken_value, bytes | Decimal):
-                chars += len(taken_value) if isinstance(taken_value, bytes) else 40
+            elif isinstance(taken_value, bytes):
+                chars += len(taken_value)  # 6 * len(...) bounds its base64 too
+            elif isinstance(taken_value, Decimal):
+                chars += len(str(taken_value))
+            else:
+                chars += 48  # a datetime, date, time, timedelta or UUID as text
             if taken_value is not value:
                 if taken is None:
                     taken = dict(state)
