@@ -126,7 +126,10 @@ def field_text(value: object) -> str:
         return str(value)
     if isinstance(value, float):
         return repr(value)
-    raise InvalidState(f"a Redis table field cannot hold {type(value).__name__}")
+    raise InvalidState(
+        f"a Redis table field cannot hold {type(value).__name__}: a Redis row holds text;"
+        " write the text you want (e.g. str(value)) (docs/types.md)"
+    )
 
 
 def _guard_text(request: CommitRequest) -> str:
