@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import importlib.resources
+import re
 from typing import Final
 
 from ..._errors import SchemaError
 from ..._flow import Flow
 from .steps import Result, Script
 
-__all__ = ["DDL", "SCHEMA_VERSION", "migrate"]
+__all__ = ["DDL", "SCHEMA_VERSION", "TABLES", "migrate"]
 
 # 2: fencing_effects (1 -> 2 only added a table);
 # 3: an applied intent is keyed by (scope, intent_id, key_text): an id names work on one key
@@ -24,6 +25,8 @@ def _ddl() -> tuple[str, ...]:
 
 
 DDL: Final = _ddl()
+#: fencing's tables, in the order the DDL makes them
+TABLES: Final = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", " ".join(DDL)))
 _SCHEMA_ROW: Final = "INSERT IGNORE INTO fencing_schema (component, version) VALUES ('core', %s)"
 # 1 -> 2 only added a table (made above, IF NOT EXISTS); a newer version is left alone
 _SCHEMA_BUMP: Final = (

@@ -5,9 +5,12 @@ statements, and their parameters in order, into one batch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["Batch", "Result", "Script", "one"]
+__all__ = ["SEPARATOR", "Batch", "Result", "Script", "one", "statements"]
+
+#: What joins a batch's statements (``Script.batch``); ``statements`` splits on it.
+SEPARATOR: Final = ";\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +50,23 @@ class Script:
         return self.count - statements
 
     def batch(self) -> Batch:
-        return Batch(";\n".join(self.parts), tuple(self.params) or None)
+        return Batch(SEPARATOR.join(self.parts), tuple(self.params) or None)
 
 
 def one(sql: str, *params: Any) -> Batch:
     """A batch of one statement."""
     return Batch(sql, params or None)
+
+
+def statements(batch: Batch) -> list[tuple[str, tuple[Any, ...]]]:
+    """A batch's statements one by one, each with its parameters: for a connection that
+    runs one statement at a time (an application's own, say in an Alembic migration).
+    Only for batches whose statements hold no ``SEPARATOR`` and no literal ``%``, such as
+    ``schema.migrate``'s."""
+    params = list(batch.params or ())
+    found = []
+    for sql in batch.sql.split(SEPARATOR):
+        count = sql.count("%s")
+        found.append((sql, tuple(params[:count])))
+        del params[:count]
+    return found

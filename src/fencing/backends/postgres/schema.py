@@ -4,6 +4,7 @@ upgrades, as the ``migrate`` flow."""
 from __future__ import annotations
 
 import importlib.resources
+import re
 from typing import Final
 
 from ..._errors import SchemaError
@@ -11,7 +12,7 @@ from ..._flow import Flow
 from .statements import quoted
 from .steps import Answer, Pipeline, Query, read_only
 
-__all__ = ["SCHEMA_VERSION", "migrate"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "migrate"]
 
 # 2: fencing_effects (1 -> 2 only added a table and its indexes);
 # 3: an applied intent is keyed by (scope, intent_id, key): an id names work on one key
@@ -33,6 +34,10 @@ _DDL: Final = (
     " WHERE v.version < excluded.version",
 )
 _EFFECTS_DDL: Final = _statements("effects.sql")  # new in version 2
+#: fencing's tables, in the order the DDL makes them
+TABLES: Final = tuple(
+    re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", " ".join((*_DDL, *_EFFECTS_DDL)))
+)
 # 2 -> 3 (run under the migration lock; a second run only rebuilds the same key)
 _APPLIED_BY_KEY: Final = (
     "ALTER TABLE fencing_applied DROP CONSTRAINT fencing_applied_pkey,"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import importlib.resources
+import re
 import sqlite3
 from typing import Final
 
 from ..._errors import SchemaError
 
-__all__ = ["SCHEMA_VERSION", "migrate"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "migrate"]
 
 SCHEMA_VERSION: Final = 3  # 2: fencing_effects; 3: applied intents by (scope, id, key)
 
@@ -30,6 +31,8 @@ def _ddl() -> list[str]:
 
 
 _DDL: Final = _ddl()
+#: fencing's tables, in the order the DDL makes them
+TABLES: Final = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", " ".join(_DDL)))
 
 
 def migrate(conn: sqlite3.Connection, now: float) -> None:
