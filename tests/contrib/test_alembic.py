@@ -440,3 +440,39 @@ def test_module_docstring_names_what_exists() -> None:
     doc = textwrap.dedent(module.__doc__ or "")
     for name in ("upgrade_fencing", "downgrade_fencing", "exclude_fencing"):
         assert name in doc and hasattr(module, name)
+
+
+@pytest.fixture(params=["postgresql-own-schema", "mysql"])
+def server_site(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Site]:
+    if request.param == "mysql":
+        yield from _mysql_site()
+    else:
+        yield from _pg_site(tmp_path, own_schema=True)
+
+
+ASYNC_DRIVERS = {"postgresql": "postgresql+psycopg_async", "mysql": "mysql+aiomysql"}
+
+
+def test_an_async_env_runs_the_operation_through_run_sync(server_site: Site) -> None:
+    """Alembic's async template: the migration runs in ``connection.run_sync``."""
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    site = server_site
+
+    def migrate(conn: Any) -> None:
+        upgrade_fencing(Operations(MigrationContext.configure(conn)), schema=site.schema)
+
+    async def go() -> None:
+        url = sqlalchemy.engine.make_url(site.sa_url).set(drivername=ASYNC_DRIVERS[site.name])
+        engine = create_async_engine(url)
+        try:
+            async with engine.begin() as conn:
+                await conn.run_sync(migrate)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(go())
+    assert site.fencing_tables() == FENCING_TABLES
+    _commit_works(site.fencing_url)
