@@ -411,6 +411,10 @@ def test_operations_refuse_what_they_cannot_do(tmp_path: Path) -> None:
         with engine.begin() as conn:
             with pytest.raises(ConfigurationError, match="PostgreSQL"):
                 upgrade_fencing(conn, schema="fencing")
+            with pytest.raises(ConfigurationError, match="mssql"):
+                upgrade_fencing(_Bound(conn, "mssql"))
+            with pytest.raises(ConfigurationError, match="schema"):
+                upgrade_fencing(_Bound(conn, "postgresql"), schema='x"; DROP TABLE orders; --')
             upgrade_fencing(Operations(MigrationContext.configure(conn)))
             upgrade_fencing(conn)  # again: at this version, nothing to do
             names = set(sqlalchemy.inspect(conn).get_table_names())
@@ -424,6 +428,18 @@ def test_operations_refuse_what_they_cannot_do(tmp_path: Path) -> None:
             upgrade_fencing(Operations(offline))
     finally:
         engine.dispose()
+
+
+class _Bound:
+    """An ``op`` whose connection claims another dialect."""
+
+    def __init__(self, conn: Any, dialect: str) -> None:
+        self.conn, self.dialect = conn, dialect
+
+    def get_bind(self) -> Any:
+        bind = self.conn
+        fake = type("Dialect", (), {"name": self.dialect})()
+        return type("Bind", (), {"dialect": fake, "execute": bind.execute})()
 
 
 class _Sink:

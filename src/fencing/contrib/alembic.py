@@ -36,8 +36,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from .._errors import ConfigurationError, MissingDependency
+from .._errors import ConfigurationError, InvalidIdentifier, MissingDependency
 from .._flow import drive
+from .._validate import check_column
 
 try:
     from sqlalchemy import text
@@ -136,6 +137,11 @@ def _dialect(bind: Connection, schema: str | None) -> str:
             f"fencing.contrib.alembic: schema= is PostgreSQL's; on {name} fencing's tables"
             " go where the connection points"
         )
+    if schema is not None:
+        try:
+            check_column(schema, "schema")  # the rule of the store URL's ?schema=
+        except InvalidIdentifier as exc:
+            raise ConfigurationError(f"fencing.contrib.alembic: schema: {exc}") from exc
     return name
 
 
