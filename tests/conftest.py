@@ -34,6 +34,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         names = list(CASES)
         if "shared_backend_name" in metafunc.fixturenames:
             names = [n for n in names if CASES[n].shared_between_processes]
+        only = metafunc.definition.get_closest_marker("backends")
+        if only is not None:  # a test that means something on some backends only
+            names = [n for n in names if only.kwargs["only"](n)]
         metafunc.parametrize("backend_name", names)
     if "api" in metafunc.fixturenames:
         metafunc.parametrize("api", ["sync", "async"])
