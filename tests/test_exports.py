@@ -29,6 +29,7 @@ PUBLIC = [
     "FenceReason",
     "Fenced",
     "FencingError",
+    "GuardRefused",
     "Intent",
     "InvalidIdentifier",
     "InvalidInput",

@@ -20,6 +20,7 @@ from ._checks import (
     check_wait,
     effect_ref,
     found_effect,
+    guard_target,
     key_query,
     pending_query,
     reconcile_query,
@@ -443,6 +444,20 @@ class AsyncStore:
     async def migrate(self) -> None:
         """Create or upgrade fencing's own tables (idempotent)."""
         await self._live().migrate()
+
+    async def guard_table(self, name: str, *, version: str = "version", key: str = "id") -> None:
+        """Install the guard trigger ``fencing_guard_<name>`` on a table you own (SQL
+        stores; idempotent). Any UPDATE that leaves ``version`` unchanged (a blind ORM
+        save, a hand-written UPDATE) then bumps it by one, so every outstanding intent
+        on the row is Stale; one that sets it lower is refused by the database
+        (``GuardRefused`` inside fencing). ``key`` is the table's key column (SQLite's
+        trigger finds the row by it). ``fencing migrate URL --guard-table`` does the same.
+        """
+        await self._live().guard_table(guard_target(name, key, version))
+
+    async def unguard_table(self, name: str) -> None:
+        """Remove the guard trigger from table ``name`` (fine if there is none)."""
+        await self._live().unguard_table(guard_target(name, "id", "version"))
 
     async def effects_to_reconcile(self, *, limit: int = 100) -> list[Effect]:
         """Effects of intents that ended stale, fenced, contended or missing, not yet

@@ -8,14 +8,18 @@ import math
 from collections.abc import Iterable
 
 from ._effects import Effect, EffectQuery, check_effect_key, check_limit
-from ._errors import InvalidInput, InvalidLeaseRequest, RecordNotFound
+from ._errors import InvalidIdentifier, InvalidInput, InvalidLeaseRequest, RecordNotFound
 from ._request import Target
 from ._rules import check_ttl
 from ._validate import check_column, check_name, is_unicode
 
 __all__ = [
+    "GUARD_PREFIX",
+    "GUARD_REFUSAL",
     "MAX_OWNER_CHARS",
     "check_declared",
+    "guard_refusal",
+    "guard_target",
     "check_lease_args",
     "check_owner",
     "check_wait",
@@ -27,6 +31,42 @@ __all__ = [
 ]
 
 MAX_OWNER_CHARS = 200
+
+#: A guard trigger's name is this prefix and the table's (``fencing_guard_orders``).
+GUARD_PREFIX = "fencing_guard_"
+# PostgreSQL keeps 63 bytes of a name, MySQL 64: the trigger's name must fit whole.
+_MAX_GUARDED_NAME = 63 - len(GUARD_PREFIX)
+
+
+#: What every guard trigger's refusal says (``errors.translate`` of each SQL backend
+#: tells a ``GuardRefused`` by it).
+GUARD_REFUSAL = "refused by fencing: a version never moves backwards"
+
+
+def guard_refusal(target: Target) -> str:
+    """The text of the database error a guard trigger raises (no quote in it: the
+    names are checked identifiers), for a SQL string literal."""
+    return (
+        f"{GUARD_PREFIX}{target.name}: an UPDATE of table {target.name} that sets"
+        f" {target.version_column} lower is {GUARD_REFUSAL}"
+    )
+
+
+def guard_target(name: object, key: object, version: object) -> Target:
+    """The table of ``store.guard_table()`` / ``unguard_table()``: checked identifiers,
+    and a name short enough for its trigger's (``fencing_guard_<table>``) to fit."""
+    target = Target(
+        "table",
+        check_column(name, "table"),
+        check_column(key, "key column"),
+        check_column(version, "version column"),
+    )
+    if len(target.name) > _MAX_GUARDED_NAME:
+        raise InvalidIdentifier(
+            f"table name {target.name!r} is too long to guard: its trigger's name"
+            f" {GUARD_PREFIX + target.name!r} must fit in 63 characters"
+        )
+    return target
 
 
 def check_declared(target: Target, columns: object) -> frozenset[str] | None:

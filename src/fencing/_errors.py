@@ -22,6 +22,8 @@ store that could not be reached::
     └── StoreError                           the store failed
         ├── StoreClosed                      the store was closed: every call refused
         ├── WrongEventLoop                   an async store used outside the loop that opened it
+        ├── GuardRefused                     a table's guard trigger refused an UPDATE that
+        │                                    set its version lower (``store.guard_table``)
         └── TransientStoreError              connection dropped, busy, timeout: the outcome
                                              is unknown; retry with the *same* intent and
                                              expect Duplicate if the first try landed
@@ -33,6 +35,7 @@ __all__ = [
     "AlreadyExists",
     "ConfigurationError",
     "FencingError",
+    "GuardRefused",
     "InvalidIdentifier",
     "InvalidInput",
     "InvalidIntent",
@@ -130,6 +133,12 @@ class WrongEventLoop(StoreError):
 
     An async store (its pool and connections) belongs to the loop it was opened in:
     open one store per event loop."""
+
+
+class GuardRefused(StoreError):
+    """A table's guard trigger (``store.guard_table()``, ``fencing migrate URL
+    --guard-table``) refused an UPDATE that set the version column lower than it was:
+    no writer may move a version backwards. Nothing of the statement was written."""
 
 
 class TransientStoreError(StoreError):

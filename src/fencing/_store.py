@@ -19,6 +19,7 @@ from ._checks import (
     check_wait,
     effect_ref,
     found_effect,
+    guard_target,
     key_query,
     pending_query,
     reconcile_query,
@@ -442,6 +443,20 @@ class Store:
     def migrate(self) -> None:
         """Create or upgrade fencing's own tables (idempotent)."""
         self._live().migrate()
+
+    def guard_table(self, name: str, *, version: str = "version", key: str = "id") -> None:
+        """Install the guard trigger ``fencing_guard_<name>`` on a table you own (SQL
+        stores; idempotent). Any UPDATE that leaves ``version`` unchanged (a blind ORM
+        save, a hand-written UPDATE) then bumps it by one, so every outstanding intent
+        on the row is Stale; one that sets it lower is refused by the database
+        (``GuardRefused`` inside fencing). ``key`` is the table's key column (SQLite's
+        trigger finds the row by it). ``fencing migrate URL --guard-table`` does the same.
+        """
+        self._live().guard_table(guard_target(name, key, version))
+
+    def unguard_table(self, name: str) -> None:
+        """Remove the guard trigger from table ``name`` (fine if there is none)."""
+        self._live().unguard_table(guard_target(name, "id", "version"))
 
     def effects_to_reconcile(self, *, limit: int = 100) -> list[Effect]:
         """Effects of intents that ended stale, fenced, contended or missing, not yet

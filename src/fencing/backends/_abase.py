@@ -110,3 +110,9 @@ class AsyncFlowBackend:
 
     async def prune_effects(self, older_than: float) -> int:
         return await self._drive(self.flows.prune_effects(older_than))
+
+    async def guard_table(self, target: Target) -> None:
+        await self._drive(self.flows.guard_table(target))
+
+    async def unguard_table(self, target: Target) -> None:
+        await self._drive(self.flows.unguard_table(target))

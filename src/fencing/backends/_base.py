@@ -93,3 +93,9 @@ class FlowBackend:
 
     def prune_effects(self, older_than: float) -> int:
         return self._drive(self.flows.prune_effects(older_than))
+
+    def guard_table(self, target: Target) -> None:
+        self._drive(self.flows.guard_table(target))
+
+    def unguard_table(self, target: Target) -> None:
+        self._drive(self.flows.unguard_table(target))

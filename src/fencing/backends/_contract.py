@@ -17,6 +17,13 @@ Effects (``fencing._effects``) are rows keyed by their idempotency key:
 * ``list_effects`` answers an ``EffectQuery``, oldest first (``recorded_at``, then key);
 * ``prune_effects`` deletes the effects ``PRUNABLE`` at ``older_than`` seconds before the
   store's clock (never one that needs reconciling) and says how many.
+
+A guard trigger (``docs/guard.md``) is installed on a table the user owns by
+``guard_table(target)`` (idempotent: installing again replaces it with the same) and
+removed by ``unguard_table(target)`` (removing an absent one is fine). Named
+``fencing_guard_<table>``, it bumps ``target.version_column`` by one on any UPDATE that
+leaves it unchanged and refuses, as ``GuardRefused``, one that sets it lower. A store
+without foreign writers (memory, Redis) refuses both with ``ConfigurationError``.
 """
 
 from __future__ import annotations
@@ -26,11 +33,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from .._effects import Effect, EffectQuery, NewEffect
+from .._errors import ConfigurationError
 from .._flow import Flow
 from .._request import CommitRequest, CommitResult, LeaseAnswer, Target
 from .._values import Record
 
-__all__ = ["AsyncBackend", "Backend", "Flows", "ThreadedAsyncBackend"]
+__all__ = ["AsyncBackend", "Backend", "Flows", "ThreadedAsyncBackend", "no_guard"]
 
 T = TypeVar("T")
 
@@ -65,6 +73,9 @@ class Backend(Protocol):
     def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]: ...
     def list_effects(self, query: EffectQuery) -> list[Effect]: ...
     def prune_effects(self, older_than: float) -> int: ...
+    # the guard trigger on a table the user owns (see above)
+    def guard_table(self, target: Target) -> None: ...
+    def unguard_table(self, target: Target) -> None: ...
 
 
 class AsyncBackend(Protocol):
@@ -95,6 +106,8 @@ class AsyncBackend(Protocol):
     async def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]: ...
     async def list_effects(self, query: EffectQuery) -> list[Effect]: ...
     async def prune_effects(self, older_than: float) -> int: ...
+    async def guard_table(self, target: Target) -> None: ...
+    async def unguard_table(self, target: Target) -> None: ...
 
 
 class Flows(Protocol):
@@ -120,6 +133,17 @@ class Flows(Protocol):
     def settle_effects(self, scope: str, intent_id: str, outcome: str) -> Flow[list[Effect]]: ...
     def list_effects(self, query: EffectQuery) -> Flow[list[Effect]]: ...
     def prune_effects(self, older_than: float) -> Flow[int]: ...
+    def guard_table(self, target: Target) -> Flow[None]: ...
+    def unguard_table(self, target: Target) -> Flow[None]: ...
+
+
+def no_guard(scheme: str, why: str) -> ConfigurationError:
+    """The refusal of ``guard_table`` / ``unguard_table`` by a store that has no tables
+    written by anyone but fencing, so nothing for a trigger to guard against."""
+    return ConfigurationError(
+        f"{scheme}: a guard trigger is for SQL tables (PostgreSQL, MySQL/MariaDB, SQLite);"
+        f" {why}"
+    )
 
 
 class ThreadedAsyncBackend:
@@ -201,3 +225,9 @@ class ThreadedAsyncBackend:
 
     async def prune_effects(self, older_than: float) -> int:
         return await self._call(self.sync.prune_effects, older_than)
+
+    async def guard_table(self, target: Target) -> None:
+        await self._call(self.sync.guard_table, target)
+
+    async def unguard_table(self, target: Target) -> None:
+        await self._call(self.sync.unguard_table, target)

@@ -22,7 +22,7 @@ from .._request import CommitRequest, CommitResult, LeaseAnswer, Target, table_v
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._url import StoreURL
 from .._values import Record
-from ._contract import ThreadedAsyncBackend
+from ._contract import ThreadedAsyncBackend, no_guard
 
 __all__ = ["MemoryBackend"]
 
@@ -317,6 +317,12 @@ class MemoryBackend:
             for k in old:
                 del self._effects[k]
             return len(old)
+
+    def guard_table(self, target: Target) -> None:
+        raise no_guard("memory", "a memory store's tables are written by fencing alone")
+
+    def unguard_table(self, target: Target) -> None:
+        raise no_guard("memory", "a memory store's tables are written by fencing alone")
 
 
 def _memory(url: StoreURL, options: dict[str, Any]) -> MemoryBackend:

@@ -19,6 +19,7 @@ from ..._flow import Flow
 from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target
 from ..._validate import check_column
 from ..._values import Record
+from .._contract import no_guard
 from .effects import EffectFlows
 from .replies import as_int, as_list, as_text, commit_result, lease_answer, table_record
 from .scripts import SCRIPTS, Call, judge_call, run_call, run_calls, script_call, send
@@ -180,3 +181,16 @@ class RedisFlows(EffectFlows):
                 replies = yield from run_calls(self.settings, calls, write=False)
                 removed += sum(as_int(r) for r in replies)
         return removed
+
+    # -- a guard trigger: none (``_contract``): Redis has no UPDATE for one to watch ------
+    def guard_table(self, target: Target) -> Flow[None]:
+        raise no_guard("redis", _NO_TRIGGER)
+
+    def unguard_table(self, target: Target) -> Flow[None]:
+        raise no_guard("redis", _NO_TRIGGER)
+
+
+_NO_TRIGGER: Final = (
+    "Redis has no triggers, and a table's hash is versioned by fencing's scripts alone"
+    " (a foreign HSET is outside any guard)"
+)

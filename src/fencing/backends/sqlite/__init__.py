@@ -8,7 +8,8 @@ file shares that clock. See ``docs/backends/sqlite.md``.
 Files: ``settings`` (the URL's options), ``schema.sql`` / ``schema`` (fencing's tables and
 their upgrades), ``statements`` (SQL), ``operations`` (each operation as a function of a
 connection in its transaction), ``flows`` (the operations as ``Txn`` steps), ``errors``
-(``translate``), ``driver`` (the connection, its lock and transactions).
+(``translate``), ``driver`` (the connection, its lock and transactions), ``guard`` (the
+guard trigger on a user's table).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """SQLite's errors, translated at the boundary: a busy or locked database, or a failing
-disk, is ``TransientStoreError``; a missing table or column ``SchemaError``; anything else
-``StoreError``."""
+disk, is ``TransientStoreError``; a missing table or column ``SchemaError``; a guard
+trigger's refusal (``guard``) ``GuardRefused``; anything else ``StoreError``."""
 
 from __future__ import annotations
 
 import sqlite3
 
-from ..._errors import FencingError, SchemaError, StoreError, TransientStoreError
+from ..._checks import GUARD_REFUSAL
+from ..._errors import FencingError, GuardRefused, SchemaError, StoreError, TransientStoreError
 
 __all__ = ["translate"]
 
@@ -14,6 +15,8 @@ __all__ = ["translate"]
 def translate(exc: sqlite3.Error) -> FencingError:
     """The fencing error for a driver error (``raise translate(exc) from exc``)."""
     text = str(exc)
+    if GUARD_REFUSAL in text:
+        return GuardRefused(f"sqlite: {text}")
     if isinstance(exc, sqlite3.OperationalError) and (
         "locked" in text or "busy" in text or "disk I/O" in text
     ):

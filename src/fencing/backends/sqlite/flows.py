@@ -18,6 +18,7 @@ from ..._flow import Flow
 from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target
 from ..._rules import judge
 from ..._values import Record
+from . import guard
 from . import operations as op
 from . import schema
 from . import statements as sql
@@ -168,3 +169,10 @@ class SQLiteFlows:
             return conn.execute(text, {"cutoff": now - older_than}).rowcount
 
         return txn(body)
+
+    # -- the guard trigger on a user's table (``guard``) ----------------------------------
+    def guard_table(self, target: Target) -> Flow[None]:
+        return txn(lambda conn, now: guard.install(conn, target))
+
+    def unguard_table(self, target: Target) -> Flow[None]:
+        return txn(lambda conn, now: guard.remove(conn, target))

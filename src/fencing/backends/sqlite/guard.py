@@ -1,0 +1,70 @@
+"""SQLite's guard trigger on a table the user owns (``docs/guard.md``).
+
+A BEFORE UPDATE trigger cannot change NEW in SQLite, so the guard is two triggers:
+
+* ``fencing_guard_<table>``: AFTER UPDATE, WHEN the version is unchanged, sets it to the
+  old one plus one on the same row (found by the key column, so a WITHOUT ROWID table
+  works too). Its own UPDATE moves the version, so it never fires itself again, with
+  or without ``PRAGMA recursive_triggers``; it runs inside the writer's statement, so the
+  write and the bump are one atomic change;
+* ``fencing_guardlow_<table>``: BEFORE UPDATE, WHEN the version would go lower (or to
+  NULL), ``RAISE(ABORT, ...)``: the statement is undone, the transaction goes on.
+
+Installing drops and creates both in one transaction (idempotent, atomic).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ..._checks import GUARD_PREFIX, guard_refusal
+from ..._errors import SchemaError
+from ..._request import Target
+from .statements import quote
+
+__all__ = ["install", "remove", "trigger_names"]
+
+LOW_PREFIX = "fencing_guardlow_"
+
+
+def trigger_names(target: Target) -> tuple[str, str]:
+    """The bump trigger's name and the refusal trigger's."""
+    return GUARD_PREFIX + target.name, LOW_PREFIX + target.name
+
+
+def _create(target: Target) -> tuple[str, str]:
+    bump, low = (quote(n) for n in trigger_names(target))
+    t, v = quote(target.name), quote(str(target.version_column))
+    k = quote(target.key_column)
+    return (
+        f"CREATE TRIGGER {bump} AFTER UPDATE ON {t} FOR EACH ROW"
+        f" WHEN NEW.{v} IS OLD.{v}"
+        f" BEGIN UPDATE {t} SET {v} = OLD.{v} + 1 WHERE {k} = NEW.{k}; END",
+        f"CREATE TRIGGER {low} BEFORE UPDATE OF {v} ON {t} FOR EACH ROW"
+        f" WHEN NEW.{v} < OLD.{v} OR (NEW.{v} IS NULL AND OLD.{v} IS NOT NULL)"
+        f" BEGIN SELECT RAISE(ABORT, '{guard_refusal(target)}'); END",
+    )
+
+
+def _drop(conn: sqlite3.Connection, target: Target) -> None:
+    for name in trigger_names(target):
+        conn.execute(f"DROP TRIGGER IF EXISTS {quote(name)}")
+
+
+def install(conn: sqlite3.Connection, target: Target) -> None:
+    """Check the table and its columns, then (re)create both triggers."""
+    rows = conn.execute(f"PRAGMA table_info({quote(target.name)})").fetchall()
+    if not rows:
+        raise SchemaError(f"table {target.name!r} does not exist")
+    names = {r[1] for r in rows}
+    for column, what in ((target.version_column, "version"), (target.key_column, "key")):
+        if column not in names:
+            raise SchemaError(f"table {target.name!r} has no {what} column {column!r}")
+    _drop(conn, target)
+    for text in _create(target):
+        conn.execute(text)
+
+
+def remove(conn: sqlite3.Connection, target: Target) -> None:
+    """Drop both triggers (fine if they are not there)."""
+    _drop(conn, target)
