@@ -5,7 +5,8 @@ READ COMMITTED; see ``docs/backends/postgres.md`` for the options and the design
 Files: ``settings`` (the URL's options), ``schema.sql`` / ``effects.sql`` / ``schema``
 (fencing's tables and their upgrades), ``statements`` (SQL), ``steps`` (what a flow asks
 its driver to run), ``flows`` and ``effects`` (the operations, I/O-free), ``errors``
-(``translate``), ``driver`` (the pools, sync and async).
+(``translate``), ``driver`` (the pools, sync and async), ``guard`` (the guard trigger on a
+user's table).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
     │   serialization failure, deadlock, lock or statement timeout  -> TransientStoreError
     ├── undefined table / column / schema                          -> SchemaError
     ├── a value the column or jsonb cannot hold                    -> InvalidInput / InvalidState
+    ├── a guard trigger's refusal (check_violation, ``guard``)      -> GuardRefused
     └── anything else                                              -> StoreError
 
 Three of the transient ones are told apart, for the flows that re-run a statement:
@@ -19,9 +20,11 @@ from typing import Final
 import psycopg
 from psycopg_pool import PoolClosed, PoolTimeout
 
+from ..._checks import GUARD_REFUSAL
 from ..._errors import (
     ConfigurationError,
     FencingError,
+    GuardRefused,
     InvalidInput,
     InvalidState,
     SchemaError,
@@ -71,6 +74,8 @@ def translate(exc: Exception) -> FencingError:
         return Retry(text)
     if state == "23502" and getattr(diag, "table_name", None) == "fencing_applied":
         return Retry(text)
+    if state == "23514" and GUARD_REFUSAL in text:
+        return GuardRefused(text)
     if isinstance(exc, UnicodeError):
         return InvalidInput(f"postgresql: text that cannot be encoded ({exc})")
     if isinstance(exc, PoolClosed):

@@ -18,7 +18,7 @@ from ..._flow import Flow
 from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 from ..._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from ..._values import Record
-from . import schema
+from . import guard, schema
 from . import statements as sql
 from .effects import EffectFlows
 from .errors import Deadlock, Retry
@@ -339,3 +339,10 @@ class PostgresFlows(EffectFlows):
     def prune(self, older_than: float) -> Flow[int]:
         done: Answer = yield Query(sql.PRUNE_APPLIED, {"age": older_than})
         return done.rowcount
+
+    # -- the guard trigger on a user's table (``guard``) ----------------------------------
+    def guard_table(self, target: Target) -> Flow[None]:
+        return guard.install(target)
+
+    def unguard_table(self, target: Target) -> Flow[None]:
+        return guard.remove(target)
