@@ -44,12 +44,9 @@ GUARD_REFUSAL = "refused by fencing: a version never moves backwards"
 
 
 def guard_refusal(target: Target) -> str:
-    """The text of the database error a guard trigger raises (no quote in it: the
-    names are checked identifiers), for a SQL string literal."""
-    return (
-        f"{GUARD_PREFIX}{target.name}: an UPDATE of table {target.name} that sets"
-        f" {target.version_column} lower is {GUARD_REFUSAL}"
-    )
+    """The text of the database error a guard trigger raises: no quote in it (the names
+    are checked identifiers), at most 123 characters (MySQL's SIGNAL keeps 128)."""
+    return f"{GUARD_PREFIX}{target.name}: UPDATE {GUARD_REFUSAL}"
 
 
 def guard_target(name: object, key: object, version: object) -> Target:

@@ -12,7 +12,8 @@ their upgrades), ``steps`` (``Batch``, the step the flows yield, and its ``Resul
 (what result rows mean), ``flows`` and ``effects`` (the operations as flows),
 ``restart`` (a transaction started again after a deadlock), ``errors`` (``translate``),
 ``connection`` (a batch on a connection, the rules after an exception), ``driver`` (the
-sync and async backends, one connection per flow).
+sync and async backends, one connection per flow), ``guard`` (the guard trigger on a
+user's table).
 """
 
 from __future__ import annotations

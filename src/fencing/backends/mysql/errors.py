@@ -11,6 +11,7 @@
     ├── 1146 unknown table, 1054 unknown column -> SchemaError
     ├── 1048/1264/1265/1292/1366/1406: a value  -> InvalidState (rolled back: nothing
     │   a user table's column cannot hold          was written)
+    ├── 1644 a guard trigger's SIGNAL (``guard``) -> GuardRefused
     ├── UnicodeEncodeError (a lone surrogate)   -> InvalidInput (before sending)
     └── anything else                          -> StoreError
 
@@ -25,9 +26,11 @@ from __future__ import annotations
 import importlib
 from typing import Any, Final
 
+from ..._checks import GUARD_REFUSAL
 from ..._errors import (
     ConfigurationError,
     FencingError,
+    GuardRefused,
     InvalidInput,
     InvalidState,
     MissingDependency,
@@ -83,6 +86,7 @@ _SCHEMA_ERRORS: Final = frozenset({1146, 1054})
 _DATA_ERRORS: Final = frozenset({1048, 1264, 1265, 1292, 1366, 1406})
 _DUPLICATE_KEY: Final = 1062
 _DEADLOCK: Final = 1213
+_SIGNAL: Final = 1644  # SIGNAL SQLSTATE '45000' (a guard trigger's refusal, ``guard``)
 
 
 class Deadlock(TransientStoreError):
@@ -143,6 +147,8 @@ def translate(exc: BaseException) -> FencingError:
         return SchemaError(f"{text} (run store.migrate() / fencing migrate URL?)")
     if code in _DATA_ERRORS:
         return InvalidState(f"{text}; nothing was written")
+    if code == _SIGNAL and GUARD_REFUSAL in text:
+        return GuardRefused(f"{text}; nothing was written")
     return StoreError(text)
 
 

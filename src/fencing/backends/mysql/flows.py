@@ -15,7 +15,7 @@ from ..._flow import Flow
 from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target
 from ..._rules import Status
 from ..._values import Record
-from . import schema
+from . import guard, schema
 from . import statements as sql
 from .answers import commit_result, judged, lease_answer, record_of
 from .effects import EffectFlows
@@ -183,3 +183,11 @@ class MySQLFlows(EffectFlows):
     def prune(self, older_than: float) -> Flow[int]:
         results: list[Result] = yield one(sql.PRUNE, float(older_than))
         return results[0].affected
+
+    # -- the guard trigger on a user's table (``guard``) ----------------------------------
+    def guard_table(self, target: Target) -> Flow[None]:
+        columns = yield from self.columns(target, None)
+        yield from guard.install(target, columns)
+
+    def unguard_table(self, target: Target) -> Flow[None]:
+        return guard.remove(target)

@@ -1,0 +1,63 @@
+"""MySQL / MariaDB's guard trigger on a table the user owns (``docs/guard.md``): a
+BEFORE UPDATE FOR EACH ROW trigger ``fencing_guard_<table>`` that sets the version
+column to the old one plus one when an UPDATE leaves it unchanged (``<=>``: NULL-safe),
+and refuses with ``SIGNAL SQLSTATE '45000'`` one that sets it lower (or to NULL).
+
+MySQL has no ``CREATE OR REPLACE TRIGGER`` (MariaDB has) and DDL commits on its own,
+so installing first reads the trigger there: the same text is left alone (a second
+install changes nothing, and leaves no moment unguarded); another one is dropped and
+created again in one batch.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ..._checks import GUARD_PREFIX, guard_refusal
+from ..._errors import SchemaError
+from ..._flow import Flow
+from ..._request import Target
+from .steps import Result, Script, one
+from .templates import quote
+
+__all__ = ["install", "remove", "trigger_body"]
+
+_FIND: Final = (
+    "SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS"
+    " WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = %s"
+)
+
+
+def trigger_body(target: Target) -> str:
+    """The trigger's body (as ``information_schema.TRIGGERS`` gives it back)."""
+    v = quote(str(target.version_column))
+    return (
+        f"BEGIN IF NEW.{v} < OLD.{v} OR (NEW.{v} IS NULL AND OLD.{v} IS NOT NULL) THEN"
+        f" SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{guard_refusal(target)}';"
+        f" ELSEIF NEW.{v} <=> OLD.{v} THEN SET NEW.{v} = OLD.{v} + 1; END IF; END"
+    )
+
+
+def install(target: Target, columns: frozenset[str]) -> Flow[None]:
+    """(Re)create the trigger unless it is there as it would be; ``columns`` are the
+    table's (the flow that calls this read them: the table exists and is InnoDB)."""
+    if target.version_column not in columns:
+        raise SchemaError(
+            f"table {target.name!r} has no version column {target.version_column!r}"
+        )
+    name = GUARD_PREFIX + target.name
+    body = trigger_body(target)
+    found: list[Result] = yield one(_FIND, name)
+    if found[0].rows and str(found[0].rows[0][0]) == body:
+        return
+    script = Script(f"DROP TRIGGER IF EXISTS {quote(name)}")
+    script.add(
+        f"CREATE TRIGGER {quote(name)} BEFORE UPDATE ON {quote(target.name)}"
+        f" FOR EACH ROW {body}"
+    )
+    yield script.batch()
+
+
+def remove(target: Target) -> Flow[None]:
+    """Drop the trigger (fine if it is not there)."""
+    yield one(f"DROP TRIGGER IF EXISTS {quote(GUARD_PREFIX + target.name)}")
