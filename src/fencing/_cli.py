@@ -20,7 +20,13 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
     with fencing.open(args.url, migrate=False) as store:
         store.migrate()
-    print(f"migrated {store.url}")
+        print(f"migrated {store.url}")
+        for table in args.guard_table or ():
+            store.guard_table(table, version=args.version_column, key=args.key_column)
+            print(f"guarded table {table} (trigger fencing_guard_{table})")
+        for table in args.unguard_table or ():
+            store.unguard_table(table)
+            print(f"unguarded table {table}")
     return 0
 
 
@@ -77,6 +83,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("migrate", help="create or upgrade fencing's tables in a store")
     p.add_argument("url", help="store URL, e.g. sqlite:///app.db")
+    p.add_argument(
+        "--guard-table",
+        action="append",
+        metavar="TABLE",
+        help="install the guard trigger on TABLE (repeatable): any UPDATE that leaves its"
+        " version unchanged bumps it, one that sets it lower is refused (docs/guard.md)",
+    )
+    p.add_argument(
+        "--version-column", default="version", help="the guarded version column (version)"
+    )
+    p.add_argument(
+        "--key-column", default="id", help="the guarded table's key column (id; SQLite uses it)"
+    )
+    p.add_argument(
+        "--unguard-table", action="append", metavar="TABLE", help="remove TABLE's guard trigger"
+    )
     p.set_defaults(func=_cmd_migrate)
 
     p = sub.add_parser("inspect", help="print one record of a collection as JSON")

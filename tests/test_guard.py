@@ -1,0 +1,322 @@
+"""The guard trigger (issue 12, item 5): blind writers cannot slip under an intent.
+
+On every SQL backend, sync and async: a raw UPDATE that leaves the version alone moves
+it on (an intent decided before is Stale), one that sets it lower is refused by the
+database (the row unchanged; ``GuardRefused`` once translated), one that sets the same
+version explicitly is bumped, fencing's own commit still applies exactly +1; a stale
+SQLAlchemy ORM object saves as ``StaleDataError`` with ``version_id_col`` and moves the
+version on without it; installing twice, removing, the CLI. Memory and Redis refuse.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fencing
+from fencing._cli import main
+
+from ._backends import CASES
+
+SQL = ("sqlite-memory", "sqlite-file", "postgresql", "mysql")
+TABLE = "orders_t"
+TRIGGER = "fencing_guard_orders_t"
+
+
+def _sql_only(backend_name: str) -> None:
+    if backend_name not in SQL:
+        pytest.skip(f"{backend_name} has no guard trigger (see test_refused_without_sql)")
+
+
+def _sync_backend(store: Any) -> Any:
+    backend = store.backend
+    return getattr(backend, "sync", backend)
+
+
+@contextmanager
+def raw(store: Any, backend_name: str) -> Iterator[Callable[[str], list[Any]]]:
+    """``run(sql) -> rows``: a writer outside fencing, autocommit, on the store's database."""
+    if backend_name.startswith("sqlite"):
+        backend = _sync_backend(store)
+        with backend._lock:
+            conn = backend.conn
+            yield lambda text: conn.execute(text).fetchall()
+        return
+    if backend_name == "postgresql":
+        from .backends_postgres import connect
+
+        with connect(store) as pg:
+            yield lambda text: (lambda cur: cur.fetchall() if cur.description else [])(
+                pg.execute(text)
+            )
+        return
+    from .backends_mysql import connect as my_connect
+
+    my = my_connect(store)
+    try:
+
+        def run(text: str) -> list[Any]:
+            with my.cursor() as cur:
+                cur.execute(text)
+                return list(cur.fetchall())
+
+        yield run
+    finally:
+        my.close()
+
+
+def _version(run: Callable[[str], list[Any]]) -> int:
+    return int(run(f"SELECT version FROM {TABLE} WHERE id = 1")[0][0])
+
+
+def _row(run: Callable[[str], list[Any]]) -> tuple[Any, ...]:
+    return tuple(run(f"SELECT id, version, status FROM {TABLE} WHERE id = 1")[0])
+
+
+@pytest.fixture
+def guarded(store: Any, backend_name: str, make_table: Any) -> Any:
+    _sql_only(backend_name)
+    table = make_table(TABLE, [{"id": 1, "status": "new"}, {"id": 2, "status": "new"}])
+    store.guard_table(TABLE, version="version", key="id")
+    return table
+
+
+def test_a_blind_update_moves_the_version_on(
+    store: Any, backend_name: str, guarded: Any
+) -> None:
+    intent = guarded.intent(1, "ship")
+    with raw(store, backend_name) as run:
+        run(f"UPDATE {TABLE} SET status = 'x' WHERE id = 1")
+        assert _row(run) == (1, 2, "x")
+    outcome = guarded.commit(intent, {"status": "shipped"})
+    assert isinstance(outcome, fencing.Stale)
+    assert outcome.current.version == 2 and outcome.current.state["status"] == "x"
+
+
+def test_the_same_version_set_explicitly_is_bumped(
+    store: Any, backend_name: str, guarded: Any
+) -> None:
+    intent = guarded.intent(1, "ship")
+    with raw(store, backend_name) as run:
+        run(f"UPDATE {TABLE} SET status = 'y', version = 1 WHERE id = 1")
+        assert _row(run) == (1, 2, "y")
+        run(f"UPDATE {TABLE} SET version = version WHERE id = 1")
+        assert _version(run) == 3
+    assert isinstance(guarded.commit(intent, {"status": "shipped"}), fencing.Stale)
+
+
+def test_a_lower_version_is_refused_and_the_row_unchanged(
+    store: Any, backend_name: str, guarded: Any
+) -> None:
+    with raw(store, backend_name) as run:
+        run(f"UPDATE {TABLE} SET status = 'a', version = 5 WHERE id = 1")
+        assert _row(run) == (1, 5, "a")
+        with pytest.raises(Exception, match="never moves backwards") as caught:
+            run(f"UPDATE {TABLE} SET status = 'b', version = 4 WHERE id = 1")
+        assert TRIGGER in str(caught.value)
+        assert _row(run) == (1, 5, "a")
+        with pytest.raises(Exception, match="never moves backwards"):
+            run(f"UPDATE {TABLE} SET version = NULL WHERE id = 1")
+        # a multi-row UPDATE with one row going back: the whole statement is undone
+        with pytest.raises(Exception, match="never moves backwards"):
+            run(f"UPDATE {TABLE} SET status = 'c', version = 3")
+        assert _row(run) == (1, 5, "a")
+        assert tuple(run(f"SELECT version, status FROM {TABLE} WHERE id = 2")[0]) == (1, "new")
+    # the database's error, as fencing translates it wherever it meets one
+    assert isinstance(_translate(backend_name, caught.value), fencing.GuardRefused)
+
+
+def _translate(backend_name: str, exc: BaseException) -> fencing.FencingError:
+    if backend_name.startswith("sqlite"):
+        from fencing.backends.sqlite.errors import translate as sqlite_translate
+
+        assert isinstance(exc, sqlite3.Error)
+        return sqlite_translate(exc)
+    if backend_name == "postgresql":
+        from fencing.backends.postgres.errors import translate as pg_translate
+
+        return pg_translate(exc)  # type: ignore[arg-type]
+    from fencing.backends.mysql.errors import translate as my_translate
+
+    return my_translate(exc)
+
+
+def test_fencings_own_commit_applies_exactly_one(
+    store: Any, backend_name: str, guarded: Any
+) -> None:
+    for expected in (2, 3, 4):
+        outcome = guarded.commit(guarded.intent(1, "ship"), {"status": f"s{expected}"})
+        assert isinstance(outcome, fencing.Committed)
+        assert outcome.record.version == expected
+        assert guarded.get(1).version == expected
+    results = guarded.commit_many(
+        [(guarded.intent(k, "ship"), {"status": "batch"}) for k in (1, 2)]
+    )
+    assert [r.record.version for r in results] == [5, 2]
+    with raw(store, backend_name) as run:
+        assert _version(run) == 5
+
+
+def test_installing_twice_and_removing(
+    store: Any, backend_name: str, guarded: Any
+) -> None:
+    store.guard_table(TABLE)  # again: same trigger, same behaviour
+    with raw(store, backend_name) as run:
+        run(f"UPDATE {TABLE} SET status = 'x' WHERE id = 1")
+        assert _version(run) == 2
+    store.unguard_table(TABLE)
+    store.unguard_table(TABLE)  # removing an absent guard is fine
+    with raw(store, backend_name) as run:
+        run(f"UPDATE {TABLE} SET status = 'y' WHERE id = 1")
+        assert _version(run) == 2  # no trigger: a blind write slips under again
+        run(f"UPDATE {TABLE} SET version = 1 WHERE id = 1")
+        assert _version(run) == 1
+
+
+def test_bad_names_and_missing_columns_are_refused(
+    store: Any, backend_name: str, guarded: Any
+) -> None:
+    with pytest.raises(fencing.InvalidIdentifier):
+        store.guard_table("orders; DROP TABLE x")
+    with pytest.raises(fencing.InvalidIdentifier):
+        store.guard_table("fencing_records")
+    with pytest.raises(fencing.InvalidIdentifier, match="too long"):
+        store.guard_table("t" * 60)
+    with pytest.raises(fencing.InvalidIdentifier):
+        store.guard_table(TABLE, version="version`")
+    with pytest.raises(fencing.SchemaError):
+        store.guard_table(TABLE, version="nope")
+    with pytest.raises(fencing.SchemaError):
+        store.guard_table("no_such_table")
+
+
+def test_refused_without_sql(store: Any, backend_name: str) -> None:
+    if backend_name in SQL:
+        pytest.skip("a SQL store installs the guard")
+    with pytest.raises(fencing.ConfigurationError, match="guard trigger is for SQL tables"):
+        store.guard_table(TABLE)
+    with pytest.raises(fencing.ConfigurationError, match="guard trigger is for SQL tables"):
+        store.unguard_table(TABLE)
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+def test_the_cli_installs_and_removes(
+    store: Any, store_url: str, backend_name: str, api: str, make_table: Any
+) -> None:
+    _sql_only(backend_name)
+    if api != "sync":
+        pytest.skip("the CLI is sync: one run is enough")
+    if backend_name == "sqlite-memory":
+        pytest.skip("the CLI opens its own store: a memory database is not shared")
+    make_table(TABLE, [{"id": 1, "status": "new"}])
+    args = ["migrate", store_url, "--guard-table", TABLE, "--version-column", "version"]
+    assert main(args) == 0
+    assert main(args) == 0
+    with raw(store, backend_name) as run:
+        run(f"UPDATE {TABLE} SET status = 'x' WHERE id = 1")
+        assert _version(run) == 2
+    assert main(["migrate", store_url, "--unguard-table", TABLE]) == 0
+    with raw(store, backend_name) as run:
+        run(f"UPDATE {TABLE} SET status = 'y' WHERE id = 1")
+        assert _version(run) == 2
+    assert main(["migrate", store_url, "--guard-table", "no_such_table"]) == 2
+
+
+# -- SQLAlchemy ORM: a stale object saved after a fenced commit -----------------------------
+@pytest.fixture
+def engine(store: Any, backend_name: str, api: str) -> Iterator[Any]:
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    if api != "sync":
+        pytest.skip("the ORM writes through its own (sync) engine: one run is enough")
+    if backend_name not in SQL or backend_name == "sqlite-memory":
+        pytest.skip("the ORM needs its own connection to the store's database")
+    if backend_name == "sqlite-file":
+        path = Path(_sync_backend(store).path)
+        made = sqlalchemy.create_engine(f"sqlite:///{path}")
+    elif backend_name == "postgresql":
+        import psycopg
+
+        backend = store.backend
+        options = f"-csearch_path={backend.schema}"
+        made = sqlalchemy.create_engine(
+            "postgresql+psycopg://",
+            creator=lambda: psycopg.connect(backend.conninfo, options=options),
+        )
+    else:
+        import pymysql
+
+        kwargs = {**_sync_backend(store).settings.driver_kwargs(), "autocommit": False}
+        made = sqlalchemy.create_engine("mysql+pymysql://", creator=lambda: pymysql.connect(**kwargs))
+    yield made
+    made.dispose()
+
+
+def _model(versioned: bool) -> Any:
+    from sqlalchemy import Integer, String
+    from sqlalchemy.orm import DeclarativeBase, mapped_column
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Order(Base):
+        __tablename__ = TABLE
+        id = mapped_column(Integer, primary_key=True)
+        version = mapped_column(Integer, nullable=False)
+        status = mapped_column(String(40))
+        if versioned:
+            __mapper_args__ = {"version_id_col": version}
+
+    return Order
+
+
+def test_a_stale_orm_object_with_version_id_col_raises_stale_data(
+    engine: Any, guarded: Any
+) -> None:
+    from sqlalchemy.orm import Session
+    from sqlalchemy.orm.exc import StaleDataError
+
+    Order = _model(versioned=True)
+    with Session(engine) as session:
+        order = session.get(Order, 1)
+        assert order is not None and order.version == 1
+        outcome = guarded.commit(guarded.intent(1, "ship"), {"status": "shipped"})
+        assert isinstance(outcome, fencing.Committed) and outcome.record.version == 2
+        order.status = "packed"  # decided against version 1
+        with pytest.raises(StaleDataError):
+            session.flush()
+        session.rollback()
+    assert guarded.get(1).version == 2 and guarded.get(1).state["status"] == "shipped"
+    # a fresh object saves through the trigger unchanged: SQLAlchemy's own +1
+    with Session(engine) as session:
+        order = session.get(Order, 1)
+        order.status = "packed"
+        session.commit()
+        assert order.version == 3
+    assert guarded.get(1).version == 3
+
+
+def test_a_blind_orm_save_moves_the_version_on(engine: Any, guarded: Any) -> None:
+    from sqlalchemy.orm import Session
+
+    Order = _model(versioned=False)
+    with Session(engine) as session:
+        order = session.get(Order, 1)
+        assert order is not None
+        intent = guarded.intent(1, "ship")  # outstanding, at version 1
+        order.status = "packed"  # a blind save: the version is not touched
+        session.commit()
+    assert guarded.get(1).version == 2
+    outcome = guarded.commit(intent, {"status": "shipped"})
+    assert isinstance(outcome, fencing.Stale) and outcome.current.state["status"] == "packed"
+    # and a full-row save of a stale object (every column, Django-style) cannot go back
+    with Session(engine) as session:
+        order = session.get(Order, 1)
+        order.status, order.version = "stale", 1
+        with pytest.raises(Exception, match="never moves backwards"):
+            session.commit()
+    assert guarded.get(1).version == 2 and guarded.get(1).state["status"] == "packed"
