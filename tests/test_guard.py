@@ -86,9 +86,7 @@ def guarded(store: Any, backend_name: str, make_table: Any) -> Any:
     return table
 
 
-def test_a_blind_update_moves_the_version_on(
-    store: Any, backend_name: str, guarded: Any
-) -> None:
+def test_a_blind_update_moves_the_version_on(store: Any, backend_name: str, guarded: Any) -> None:
     intent = guarded.intent(1, "ship")
     with raw(store, backend_name) as run:
         run(f"UPDATE {TABLE} SET status = 'x' WHERE id = 1")
@@ -162,9 +160,7 @@ def test_fencings_own_commit_applies_exactly_one(
         assert _version(run) == 5
 
 
-def test_installing_twice_and_removing(
-    store: Any, backend_name: str, guarded: Any
-) -> None:
+def test_installing_twice_and_removing(store: Any, backend_name: str, guarded: Any) -> None:
     store.guard_table(TABLE)  # again: same trigger, same behaviour
     with raw(store, backend_name) as run:
         run(f"UPDATE {TABLE} SET status = 'x' WHERE id = 1")
@@ -251,7 +247,9 @@ def engine(store: Any, backend_name: str, api: str) -> Iterator[Any]:
         import pymysql
 
         kwargs = {**_sync_backend(store).settings.driver_kwargs(), "autocommit": False}
-        made = sqlalchemy.create_engine("mysql+pymysql://", creator=lambda: pymysql.connect(**kwargs))
+        made = sqlalchemy.create_engine(
+            "mysql+pymysql://", creator=lambda: pymysql.connect(**kwargs)
+        )
     yield made
     made.dispose()
 

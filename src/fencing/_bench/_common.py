@@ -9,6 +9,7 @@ on every store. Each store module supplies its hand-written baselines (a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 import fencing
@@ -17,7 +18,9 @@ from .._values import Intent, Kind, Outcome, Record, new_intent_id
 from ._harness import BenchFailed, Block, Contest, Side, Skip
 
 __all__ = [
+    "GUARD_OPERATION",
     "KEYS",
+    "NO_TRIGGER",
     "LEASE_TTL",
     "START",
     "Bench",
@@ -38,6 +41,9 @@ START: Final[Mapping[str, Any]] = {"status": "new", "n": 0}
 #: Seconds a benchmark lease is held for (each is released long before).
 LEASE_TTL: Final = 60.0
 FENCED_TTL: Final = 3600.0
+#: The ``guard`` contest's operation, and its baseline's label.
+GUARD_OPERATION: Final = "table.commit, guard trigger"
+NO_TRIGGER: Final = "no trigger"
 
 K = TypeVar("K", str, int)
 Builder = Callable[[], Contest | Skip]
@@ -238,6 +244,8 @@ class Bench:
     setting: str = ""
     table_target: float | None = None
     cleanup_records: bool = True
+    #: SQL stores: the ``guard`` contest (``user_table`` makes its two tables).
+    guard_trigger: bool = False
 
     def __init__(self, store: fencing.Store, hand: HandWritten, suffix: str) -> None:
         self.store = store
@@ -249,12 +257,16 @@ class Bench:
     def fencing_table(self) -> fencing.Table | Skip:
         return Skip("table.commit", "this store has no guarded tables")
 
+    def user_table(self, name: str) -> fencing.Table:
+        """A user table ``name`` with ``KEYS`` rows, as ``store.table`` (SQL stores)."""
+        raise NotImplementedError
+
     def drop(self) -> None:
         """Remove what the bench created on fencing's side (the baseline cleans itself)."""
 
     # -- contests ------------------------------------------------------------------------
     def contests(self) -> list[tuple[str, Builder]]:
-        return [
+        found: list[tuple[str, Builder]] = [
             ("commit", self.commit),
             ("table", self.table_commit),
             ("apply", self.apply),
@@ -262,6 +274,9 @@ class Bench:
             ("fenced", self.fenced),
             ("lease", self.lease_cycle),
         ]
+        if self.guard_trigger:
+            found.insert(2, ("guard", self.guard))
+        return found
 
     def _records(self, prefix: str) -> list[str]:
         keys = [f"{prefix}-{k:03d}" for k in range(KEYS)]
@@ -282,6 +297,24 @@ class Bench:
         keys = list(range(1, KEYS + 1))
         sides = (self.ours.table_commit(table, keys), *self.hand.table_commit(keys))
         return Contest(("table.commit",), sides, target=self.table_target)
+
+    def guard(self) -> Contest:
+        """table.commit on a table guarded by the trigger (``store.guard_table``) beside
+        the same commit on a table without it, alternately in one run: the trigger's cost."""
+        guarded = self.user_table(f"bench_guard_{self.suffix}")
+        self.store.guard_table(guarded.name)
+        plain = self.user_table(f"bench_plain_{self.suffix}")
+        keys = list(range(1, KEYS + 1))
+        ours = replace(
+            self.ours.table_commit(guarded, keys),
+            method="table.commit(intent, {status, total}) on a table with the guard trigger",
+        )
+        theirs = replace(
+            self.ours.table_commit(plain, keys),
+            label=NO_TRIGGER,
+            method="the same table.commit on the same table without the trigger",
+        )
+        return Contest((GUARD_OPERATION,), (ours, theirs))
 
     def apply(self) -> Contest:
         keys = self._records("a")

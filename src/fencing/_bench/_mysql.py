@@ -420,6 +420,7 @@ class MySQLBench(Bench):
     """A MySQL or MariaDB server: fencing via ``fencing.open(url)`` beside PyMySQL."""
 
     store_name = "mysql"
+    guard_trigger = True
 
     def __init__(self, url: str) -> None:
         parsed = StoreURL.parse(url)
@@ -466,12 +467,14 @@ class MySQLBench(Bench):
             admin.close()
 
     def fencing_table(self) -> fencing.Table | Skip:
+        return self.user_table(self.table_name)
+
+    def user_table(self, name: str) -> fencing.Table:
         with self._hand.conn.cursor() as cur:
-            cur.execute(ORDERS_DDL.format(name=self.table_name))
-            rows = ORDERS_ROWS.format(name=self.table_name)
-            cur.executemany(rows, [(k,) for k in range(1, KEYS + 1)])
+            cur.execute(ORDERS_DDL.format(name=name))
+            cur.executemany(ORDERS_ROWS.format(name=name), [(k,) for k in range(1, KEYS + 1)])
         self._hand.conn.commit()
-        return self.store.table(self.table_name)
+        return self.store.table(name)
 
     def drop(self) -> None:
         self._hand.conn.rollback()

@@ -400,6 +400,7 @@ class PostgresBench(Bench):
     """A PostgreSQL server: fencing via ``fencing.open(url)`` beside psycopg."""
 
     store_name = "postgresql"
+    guard_trigger = True
 
     def __init__(self, url: str) -> None:
         parsed = StoreURL.parse(url)
@@ -431,19 +432,26 @@ class PostgresBench(Bench):
             raise
         self.fencing_schema = own or scratch
         self.cleanup_records = own is not None  # a scratch schema is dropped whole
-        self._table_made = False
+        self._tables_made: list[str] = []
         super().__init__(store, hand, suffix)
         self._hand = hand
 
     def fencing_table(self) -> fencing.Table | Skip:
+        return self.user_table(self.table_name)
+
+    def user_table(self, name: str) -> fencing.Table:
         conn, s = self._hand.conn, f'"{self.fencing_schema}"'
-        conn.execute(ORDERS_DDL.format(s=s, name=self.table_name))
-        self._table_made = True
-        conn.execute(ORDERS_ROWS.format(s=s, name=self.table_name), (KEYS,))
-        return self.store.table(self.table_name)
+        conn.execute(ORDERS_DDL.format(s=s, name=name))
+        self._tables_made.append(name)
+        conn.execute(ORDERS_ROWS.format(s=s, name=name), (KEYS,))
+        return self.store.table(name)
 
     def drop(self) -> None:
         conn = self._hand.conn
-        if self._table_made and self.fencing_schema != self._hand.schema:
-            conn.execute(f'DROP TABLE IF EXISTS "{self.fencing_schema}".{self.table_name}')
+        if self.fencing_schema != self._hand.schema:
+            for name in self._tables_made:
+                conn.execute(f'DROP TABLE IF EXISTS "{self.fencing_schema}".{name}')
+                conn.execute(
+                    f'DROP FUNCTION IF EXISTS "{self.fencing_schema}".fencing_guard_{name}()'
+                )
         conn.execute(f'DROP SCHEMA IF EXISTS "{self._hand.schema}" CASCADE')

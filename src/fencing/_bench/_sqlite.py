@@ -339,6 +339,7 @@ class SQLiteBench(Bench):
     """One SQLite file (or ``:memory:``) at one ``synchronous`` setting."""
 
     store_name = "sqlite"
+    guard_trigger = True
 
     def __init__(self, url: str | None, synchronous: str = "full") -> None:
         self._tmpdir: str | None = None
@@ -362,7 +363,7 @@ class SQLiteBench(Bench):
             store.close()
             raise
         super().__init__(store, hand, suffix)
-        self._table_made = False
+        self._tables_made: list[str] = []
         # A temp directory is removed whole; a user's file gets its records deleted.
         self.cleanup_records = self._tmpdir is None
 
@@ -374,25 +375,27 @@ class SQLiteBench(Bench):
         return sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
 
     def fencing_table(self) -> fencing.Table | Skip:
+        return self.user_table(self.table_name)
+
+    def user_table(self, name: str) -> fencing.Table:
         conn = self._raw()
         try:
-            conn.execute(ORDERS_DDL.format(name=self.table_name))
-            self._table_made = True
-            conn.executemany(
-                ORDERS_ROWS.format(name=self.table_name), [(k,) for k in range(1, KEYS + 1)]
-            )
+            conn.execute(ORDERS_DDL.format(name=name))
+            self._tables_made.append(name)
+            conn.executemany(ORDERS_ROWS.format(name=name), [(k,) for k in range(1, KEYS + 1)])
         finally:
             if not self.memory:
                 conn.close()
-        return self.store.table(self.table_name)
+        return self.store.table(name)
 
     def drop(self) -> None:
         if self._tmpdir is not None:
             return  # the whole directory goes
-        if self._table_made and not self.memory:
+        if self._tables_made and not self.memory:
             conn = self._raw()
             try:
-                conn.execute(f"DROP TABLE IF EXISTS {self.table_name}")
+                for name in self._tables_made:
+                    conn.execute(f"DROP TABLE IF EXISTS {name}")
             finally:
                 conn.close()
 

@@ -141,8 +141,7 @@ def no_guard(scheme: str, why: str) -> ConfigurationError:
     """The refusal of ``guard_table`` / ``unguard_table`` by a store that has no tables
     written by anyone but fencing, so nothing for a trigger to guard against."""
     return ConfigurationError(
-        f"{scheme}: a guard trigger is for SQL tables (PostgreSQL, MySQL/MariaDB, SQLite);"
-        f" {why}"
+        f"{scheme}: a guard trigger is for SQL tables (PostgreSQL, MySQL/MariaDB, SQLite); {why}"
     )
 
 

@@ -42,9 +42,7 @@ def install(target: Target, columns: frozenset[str]) -> Flow[None]:
     """(Re)create the trigger unless it is there as it would be; ``columns`` are the
     table's (the flow that calls this read them: the table exists and is InnoDB)."""
     if target.version_column not in columns:
-        raise SchemaError(
-            f"table {target.name!r} has no version column {target.version_column!r}"
-        )
+        raise SchemaError(f"table {target.name!r} has no version column {target.version_column!r}")
     name = GUARD_PREFIX + target.name
     body = trigger_body(target)
     found: list[Result] = yield one(_FIND, name)
@@ -52,8 +50,7 @@ def install(target: Target, columns: frozenset[str]) -> Flow[None]:
         return
     script = Script(f"DROP TRIGGER IF EXISTS {quote(name)}")
     script.add(
-        f"CREATE TRIGGER {quote(name)} BEFORE UPDATE ON {quote(target.name)}"
-        f" FOR EACH ROW {body}"
+        f"CREATE TRIGGER {quote(name)} BEFORE UPDATE ON {quote(target.name)} FOR EACH ROW {body}"
     )
     yield script.batch()
 
