@@ -21,8 +21,6 @@ import pytest
 import fencing
 from fencing._cli import main
 
-from ._backends import CASES
-
 SQL = ("sqlite-memory", "sqlite-file", "postgresql", "mysql")
 TABLE = "orders_t"
 TRIGGER = "fencing_guard_orders_t"

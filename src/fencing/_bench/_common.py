@@ -20,8 +20,8 @@ from ._harness import BenchFailed, Block, Contest, Side, Skip
 __all__ = [
     "GUARD_OPERATION",
     "KEYS",
-    "NO_TRIGGER",
     "LEASE_TTL",
+    "NO_TRIGGER",
     "START",
     "Bench",
     "Cursor",

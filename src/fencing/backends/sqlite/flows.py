@@ -18,9 +18,8 @@ from ..._flow import Flow
 from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target
 from ..._rules import judge
 from ..._values import Record
-from . import guard
+from . import guard, schema
 from . import operations as op
-from . import schema
 from . import statements as sql
 from .statements import Statements, quote
 
