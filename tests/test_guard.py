@@ -25,6 +25,10 @@ SQL = ("sqlite-memory", "sqlite-file", "postgresql", "mysql")
 TABLE = "orders_t"
 TRIGGER = "fencing_guard_orders_t"
 
+on_sql = pytest.mark.backends(only=lambda name: name in SQL)
+# the CLI and the ORM open their own connections: a private memory database is not shared
+on_shared_sql = pytest.mark.backends(only=lambda name: name in SQL and name != "sqlite-memory")
+
 
 def _sql_only(backend_name: str) -> None:
     if backend_name not in SQL:
@@ -84,6 +88,7 @@ def guarded(store: Any, backend_name: str, make_table: Any) -> Any:
     return table
 
 
+@on_sql
 def test_a_blind_update_moves_the_version_on(store: Any, backend_name: str, guarded: Any) -> None:
     intent = guarded.intent(1, "ship")
     with raw(store, backend_name) as run:
@@ -94,6 +99,7 @@ def test_a_blind_update_moves_the_version_on(store: Any, backend_name: str, guar
     assert outcome.current.version == 2 and outcome.current.state["status"] == "x"
 
 
+@on_sql
 def test_the_same_version_set_explicitly_is_bumped(
     store: Any, backend_name: str, guarded: Any
 ) -> None:
@@ -106,6 +112,7 @@ def test_the_same_version_set_explicitly_is_bumped(
     assert isinstance(guarded.commit(intent, {"status": "shipped"}), fencing.Stale)
 
 
+@on_sql
 def test_a_lower_version_is_refused_and_the_row_unchanged(
     store: Any, backend_name: str, guarded: Any
 ) -> None:
@@ -142,6 +149,7 @@ def _translate(backend_name: str, exc: BaseException) -> fencing.FencingError:
     return my_translate(exc)
 
 
+@on_sql
 def test_fencings_own_commit_applies_exactly_one(
     store: Any, backend_name: str, guarded: Any
 ) -> None:
@@ -158,6 +166,7 @@ def test_fencings_own_commit_applies_exactly_one(
         assert _version(run) == 5
 
 
+@on_sql
 def test_installing_twice_and_removing(store: Any, backend_name: str, guarded: Any) -> None:
     store.guard_table(TABLE)  # again: same trigger, same behaviour
     with raw(store, backend_name) as run:
@@ -172,6 +181,7 @@ def test_installing_twice_and_removing(store: Any, backend_name: str, guarded: A
         assert _version(run) == 1
 
 
+@on_sql
 def test_bad_names_and_missing_columns_are_refused(
     store: Any, backend_name: str, guarded: Any
 ) -> None:
@@ -189,9 +199,8 @@ def test_bad_names_and_missing_columns_are_refused(
         store.guard_table("no_such_table")
 
 
+@pytest.mark.backends(only=lambda name: name not in SQL)
 def test_refused_without_sql(store: Any, backend_name: str) -> None:
-    if backend_name in SQL:
-        pytest.skip("a SQL store installs the guard")
     with pytest.raises(fencing.ConfigurationError, match="guard trigger is for SQL tables"):
         store.guard_table(TABLE)
     with pytest.raises(fencing.ConfigurationError, match="guard trigger is for SQL tables"):
@@ -199,14 +208,12 @@ def test_refused_without_sql(store: Any, backend_name: str) -> None:
 
 
 # -- the CLI ---------------------------------------------------------------------------------
+@on_shared_sql
 def test_the_cli_installs_and_removes(
     store: Any, store_url: str, backend_name: str, api: str, make_table: Any
 ) -> None:
-    _sql_only(backend_name)
     if api != "sync":
         pytest.skip("the CLI is sync: one run is enough")
-    if backend_name == "sqlite-memory":
-        pytest.skip("the CLI opens its own store: a memory database is not shared")
     make_table(TABLE, [{"id": 1, "status": "new"}])
     args = ["migrate", store_url, "--guard-table", TABLE, "--version-column", "version"]
     assert main(args) == 0
@@ -227,8 +234,6 @@ def engine(store: Any, backend_name: str, api: str) -> Iterator[Any]:
     sqlalchemy = pytest.importorskip("sqlalchemy")
     if api != "sync":
         pytest.skip("the ORM writes through its own (sync) engine: one run is enough")
-    if backend_name not in SQL or backend_name == "sqlite-memory":
-        pytest.skip("the ORM needs its own connection to the store's database")
     if backend_name == "sqlite-file":
         path = Path(_sync_backend(store).path)
         made = sqlalchemy.create_engine(f"sqlite:///{path}")
@@ -270,6 +275,7 @@ def _model(versioned: bool) -> Any:
     return Order
 
 
+@on_shared_sql
 def test_a_stale_orm_object_with_version_id_col_raises_stale_data(
     engine: Any, guarded: Any
 ) -> None:
@@ -296,6 +302,7 @@ def test_a_stale_orm_object_with_version_id_col_raises_stale_data(
     assert guarded.get(1).version == 3
 
 
+@on_shared_sql
 def test_a_blind_orm_save_moves_the_version_on(engine: Any, guarded: Any) -> None:
     from sqlalchemy.orm import Session
 
