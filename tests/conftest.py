@@ -39,7 +39,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             names = [n for n in names if only.kwargs["only"](n)]
         metafunc.parametrize("backend_name", names)
     if "api" in metafunc.fixturenames:
-        metafunc.parametrize("api", ["sync", "async"])
+        apis = metafunc.definition.get_closest_marker("apis")  # a test one api means enough
+        metafunc.parametrize("api", ["sync", "async"] if apis is None else apis.kwargs["only"])
 
 
 @pytest.fixture

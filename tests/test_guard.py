@@ -31,8 +31,8 @@ on_shared_sql = pytest.mark.backends(only=lambda name: name in SQL and name != "
 
 
 def _sql_only(backend_name: str) -> None:
-    if backend_name not in SQL:
-        pytest.skip(f"{backend_name} has no guard trigger (see test_refused_without_sql)")
+    # the tests that use ``guarded`` are marked on_sql; memory and Redis refuse (tested apart)
+    assert backend_name in SQL, f"{backend_name} has no guard trigger: mark the test on_sql"
 
 
 def _sync_backend(store: Any) -> Any:
@@ -209,11 +209,10 @@ def test_refused_without_sql(store: Any, backend_name: str) -> None:
 
 # -- the CLI ---------------------------------------------------------------------------------
 @on_shared_sql
+@pytest.mark.apis(only=["sync"])  # the CLI is sync: one run is enough
 def test_the_cli_installs_and_removes(
     store: Any, store_url: str, backend_name: str, api: str, make_table: Any
 ) -> None:
-    if api != "sync":
-        pytest.skip("the CLI is sync: one run is enough")
     make_table(TABLE, [{"id": 1, "status": "new"}])
     args = ["migrate", store_url, "--guard-table", TABLE, "--version-column", "version"]
     assert main(args) == 0
@@ -232,8 +231,6 @@ def test_the_cli_installs_and_removes(
 @pytest.fixture
 def engine(store: Any, backend_name: str, api: str) -> Iterator[Any]:
     sqlalchemy = pytest.importorskip("sqlalchemy")
-    if api != "sync":
-        pytest.skip("the ORM writes through its own (sync) engine: one run is enough")
     if backend_name == "sqlite-file":
         path = Path(_sync_backend(store).path)
         made = sqlalchemy.create_engine(f"sqlite:///{path}")
@@ -276,6 +273,7 @@ def _model(versioned: bool) -> Any:
 
 
 @on_shared_sql
+@pytest.mark.apis(only=["sync"])  # the ORM writes through its own sync engine
 def test_a_stale_orm_object_with_version_id_col_raises_stale_data(
     engine: Any, guarded: Any
 ) -> None:
@@ -303,6 +301,7 @@ def test_a_stale_orm_object_with_version_id_col_raises_stale_data(
 
 
 @on_shared_sql
+@pytest.mark.apis(only=["sync"])  # the ORM writes through its own sync engine
 def test_a_blind_orm_save_moves_the_version_on(engine: Any, guarded: Any) -> None:
     from sqlalchemy.orm import Session
 
