@@ -38,6 +38,23 @@ def _missing(extra: str, exc: ModuleNotFoundError) -> Exception:
     )
 
 
+def store_url_text(url: object) -> object:
+    """The URL text of ``url``: a string as it is; a SQLAlchemy ``Engine`` or
+    ``AsyncEngine`` (anything whose ``.url`` has ``render_as_string``) or a SQLAlchemy
+    ``URL`` gives its URL, password included, which fencing then opens on its own
+    connections. Duck-typed: the core never imports SQLAlchemy."""
+    if isinstance(url, str):
+        return url
+    engine_url = getattr(url, "url", None)
+    for candidate in (engine_url, url):
+        render = getattr(candidate, "render_as_string", None)
+        if callable(render):
+            text = render(hide_password=False)
+            if isinstance(text, str):
+                return text
+    return url
+
+
 def _store_options(max_state_bytes: int, retention: float) -> StoreOptions:
     if isinstance(max_state_bytes, bool) or not isinstance(max_state_bytes, int):
         raise InvalidInput("max_state_bytes must be an integer")
@@ -49,7 +66,7 @@ def _store_options(max_state_bytes: int, retention: float) -> StoreOptions:
 
 
 def open(
-    url: str,
+    url: str | object,
     *,
     migrate: bool = True,
     max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
@@ -60,9 +77,12 @@ def open(
 
     URLs: ``sqlite:///app.db`` (``?synchronous=normal`` trades durability of the last
     commits on power loss for speed), ``sqlite://:memory:``, ``memory://``,
-    ``postgresql://...``, ``mysql://...``, ``redis://...``.
+    ``postgresql://...``, ``mysql://...``, ``redis://...``; SQLAlchemy's forms of the
+    drivers fencing uses (``postgresql+psycopg://``, ``mysql+pymysql://``,
+    ``sqlite+pysqlite:///app.db``). ``url`` may also be a SQLAlchemy ``Engine`` (or
+    ``URL``): fencing opens its own connections to the engine's database.
     """
-    parsed = StoreURL.parse(url)
+    parsed = StoreURL.parse(store_url_text(url))
     options = _store_options(max_state_bytes, retention)
     backend: Backend = _module(parsed.scheme).open_backend(parsed, **backend_options)
     try:
@@ -75,15 +95,19 @@ def open(
 
 
 async def open_async(
-    url: str,
+    url: str | object,
     *,
     migrate: bool = True,
     max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
     retention: float = DEFAULT_RETENTION,
     **backend_options: Any,
 ) -> AsyncStore:
-    """Open a store for asyncio; the same API with every store call awaitable."""
-    parsed = StoreURL.parse(url)
+    """Open a store for asyncio; the same API with every store call awaitable.
+
+    ``url`` may also be a SQLAlchemy ``AsyncEngine`` (``mysql+aiomysql://``,
+    ``postgresql+psycopg://``, ``sqlite+aiosqlite://``) or ``Engine``.
+    """
+    parsed = StoreURL.parse(store_url_text(url))
     options = _store_options(max_state_bytes, retention)
     backend: AsyncBackend = await _module(parsed.scheme).open_async_backend(
         parsed, **backend_options

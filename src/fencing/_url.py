@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from ._errors import ConfigurationError
 
-__all__ = ["BACKENDS", "StoreURL", "redact_url"]
+__all__ = ["BACKENDS", "DRIVERS", "StoreURL", "redact_url"]
 
 # scheme -> (module, extra to install)
 BACKENDS: Final = {
@@ -24,6 +24,17 @@ BACKENDS: Final = {
     "rediss": ("fencing.backends.redis", "redis"),
 }
 
+# SQLAlchemy's ``dialect+driver://`` URLs: the drivers fencing's backends use, per scheme.
+# ``mysql+aiomysql`` (an ``AsyncEngine``'s URL) and ``mysql+pymysql`` both open the MySQL
+# backend, which takes PyMySQL for the sync store and aiomysql for the async one; so do
+# ``sqlite+pysqlite`` and ``sqlite+aiosqlite`` the SQLite backend (the stdlib's sqlite3).
+DRIVERS: Final = {
+    "sqlite": ("pysqlite", "aiosqlite"),
+    "postgresql": ("psycopg", "psycopg_async"),
+    "postgres": ("psycopg", "psycopg_async"),
+    "mysql": ("pymysql", "aiomysql"),
+    "mariadb": ("pymysql", "aiomysql"),
+}
 
 # query parameters whose values are secrets (libpq takes ``?password=`` and ``sslpassword``)
 _SECRET_PARAM = re.compile(
@@ -41,7 +52,7 @@ def redact_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return "<a store URL without scheme://>"
-    if scheme.lower() in ("sqlite", "memory"):
+    if scheme.lower().partition("+")[0] in ("sqlite", "memory"):
         return _SECRET_PARAM.sub(r"\1***", url)
     at = rest.rfind("@")
     if at >= 0:
@@ -71,11 +82,13 @@ class StoreURL:
         if "://" not in url:
             raise ConfigurationError("a store URL must look like scheme://...")
         scheme, rest = url.split("://", 1)
-        scheme = scheme.lower()
+        scheme, plus, driver = scheme.lower().partition("+")
         if scheme not in BACKENDS:
             known = ", ".join(sorted(BACKENDS))
             shown = repr(scheme) if _SCHEME.fullmatch(scheme) else "(not a scheme)"
             raise ConfigurationError(f"unknown store URL scheme {shown}; known: {known}")
+        if plus:
+            _check_driver(scheme, driver)
         if scheme == "sqlite":
             path, _, query = rest.partition("?")
             if path.startswith("/"):
@@ -86,7 +99,7 @@ class StoreURL:
                 )
             return cls(url, scheme, None, None, None, None, path, _options(query))
         try:
-            parts = urlsplit(url)
+            parts = urlsplit(f"{scheme}://{rest}")  # ``psycopg_async`` is no URL scheme
             port = parts.port
         except ValueError:
             port = -1
@@ -110,6 +123,32 @@ class StoreURL:
     def redacted(self) -> str:
         """The URL with its password (user info or query) shown as ``***``."""
         return redact_url(self.raw)
+
+
+def _check_driver(scheme: str, driver: str) -> None:
+    drivers = DRIVERS.get(scheme, ())
+    if driver in drivers:
+        return
+    shown = repr(driver) if driver and _SCHEME.fullmatch(driver) else "(not a driver name)"
+    if not drivers:
+        raise ConfigurationError(
+            f"a {scheme} store URL takes no +driver (got {shown}): write {scheme}://..."
+        )
+    uses = " or ".join(f"{scheme}+{d}://" for d in drivers)
+    raise ConfigurationError(
+        f"fencing's {scheme} backend does not use the driver {shown}: write {scheme}://"
+        f" or {uses} (fencing opens its own connections with "
+        f"{_DRIVER_NAMES[scheme]})"
+    )
+
+
+_DRIVER_NAMES: Final = {
+    "sqlite": "the standard library's sqlite3",
+    "postgresql": "psycopg 3",
+    "postgres": "psycopg 3",
+    "mysql": "PyMySQL, and aiomysql for open_async",
+    "mariadb": "PyMySQL, and aiomysql for open_async",
+}
 
 
 def _options(query: str) -> dict[str, str]:
