@@ -46,7 +46,7 @@ from ._policy import (
 from ._request import LeaseAnswer, Target
 from ._runner import AsyncRunner, Stopped, current_loop, maybe_await, sleep_async
 from ._storebase import LeaseBase, StoreOptions, TargetBase
-from ._validate import check_column, check_name
+from ._validate import check_column, check_name, check_table
 from ._values import Intent, Outcome, Record
 from .backends._contract import AsyncBackend
 
@@ -374,7 +374,7 @@ class AsyncStore:
         """
         target = Target(
             "table",
-            check_column(name, "table"),
+            check_table(name),
             check_column(key, "key column"),
             None if version is None else check_column(version, "version column"),
         )

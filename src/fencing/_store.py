@@ -45,7 +45,7 @@ from ._policy import (
 from ._request import LeaseAnswer, Target
 from ._runner import Stopped, ThreadRunner, no_loop, passthrough, sleep_sync
 from ._storebase import LeaseBase, StoreOptions, TargetBase
-from ._validate import check_column, check_name
+from ._validate import check_column, check_name, check_table
 from ._values import Intent, Outcome, Record
 from .backends._contract import Backend
 
@@ -373,7 +373,7 @@ class Store:
         """
         target = Target(
             "table",
-            check_column(name, "table"),
+            check_table(name),
             check_column(key, "key column"),
             None if version is None else check_column(version, "version column"),
         )

@@ -18,6 +18,7 @@ __all__ = [
     "check_guard",
     "check_key",
     "check_name",
+    "check_table",
     "compact_json",
     "dump_state",
 ]
@@ -47,10 +48,22 @@ def check_column(name: object, what: str = "column") -> str:
         raise InvalidIdentifier(
             f"{what} name {name!r} is not allowed: use a plain SQL identifier"
             " (a letter or '_', then letters, digits or '_', at most 63)"
+            + (", or schema.table" if what == "table" else "")
         )
     if what == "table" and name.lower().startswith(_RESERVED_PREFIX):
         raise InvalidIdentifier(f"table name {name!r} is reserved for fencing's own tables")
     return name
+
+
+def check_table(name: object) -> str:
+    """A table name, plain (``orders``) or qualified by its schema (``shop.orders``: a
+    PostgreSQL schema, a MySQL database, an SQLite database such as ``main``)."""
+    if isinstance(name, str) and name.count(".") == 1:
+        schema, _, table = name.partition(".")
+        if _COLUMN.fullmatch(schema) is not None and _COLUMN.fullmatch(table) is not None:
+            check_column(table, "table")
+            return name
+    return check_column(name, "table")
 
 
 def check_key(key: object) -> str | int:

@@ -95,14 +95,15 @@ class MySQLFlows(EffectFlows):
     @restarts_on_deadlock
     def columns(self, target: Target, declare: frozenset[str] | None) -> Flow[frozenset[str]]:
         name = target.name
+        database, _, table = name.rpartition(".")  # ``database.table``, or this database's
         script = Script()
-        engine_at = script.add(sql.ENGINE, name)
-        columns_at = script.add(sql.COLUMNS, name)
+        engine_at = script.add(sql.ENGINE, database or None, table)
+        columns_at = script.add(sql.COLUMNS, database or None, table)
         results: list[Result] = yield script.batch()
         tables = results[engine_at].rows
-        exact = [r for r in tables if r[0] == name]
+        exact = [r for r in tables if r[0] == table]
         if not exact and tables and int(tables[0][2] or 0) > 0:  # lower_case_table_names
-            exact = [r for r in tables if str(r[0]).lower() == name.lower()]
+            exact = [r for r in tables if str(r[0]).lower() == table.lower()]
         if not exact:
             raise SchemaError(f"table {name!r} does not exist")
         table_name, engine = exact[0][0], exact[0][1]

@@ -91,11 +91,11 @@ TOMBSTONE: Final = (
 )
 COLUMNS: Final = (
     "SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS"
-    " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s"
+    " WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s"
 )
 ENGINE: Final = (
     "SELECT TABLE_NAME, ENGINE, @@lower_case_table_names FROM information_schema.TABLES"
-    " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s"
+    " WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s"
 )
 PRUNE: Final = f"DELETE FROM fencing_applied WHERE applied_at < {NOW} - %s"
 

@@ -26,8 +26,9 @@ __all__ = [
 
 
 def quote(identifier: str) -> str:
-    """Quote an identifier already checked by ``check_column``."""
-    return "`" + identifier.replace("`", "``") + "`"
+    """Quote an identifier already checked by ``check_column`` (or ``check_table``: a
+    ``database.table`` name is quoted part by part)."""
+    return ".".join("`" + part.replace("`", "``") + "`" for part in identifier.split("."))
 
 
 def key_text(key: str | int) -> str:

@@ -223,7 +223,7 @@ class PostgresFlows(EffectFlows):
         return schema.migrate(self.schema)
 
     def columns(self, target: Target, declare: frozenset[str] | None) -> Flow[frozenset[str]]:
-        found: Answer = yield from read_only(Query(sql.COLUMNS, {"name": target.name}))
+        found: Answer = yield from read_only(Query(sql.COLUMNS, {"name": sql.quoted(target.name)}))
         if not found.rows:
             raise SchemaError(f"table {target.name!r} does not exist")
         unique = {name for name, is_unique in found.rows if is_unique}

@@ -29,14 +29,14 @@ COLUMNS: Final = (
     " WHERE i.indrelid = a.attrelid AND i.indisunique AND i.indnkeyatts = 1"
     " AND i.indkey[0] = a.attnum AND i.indpred IS NULL)"
     " FROM pg_catalog.pg_attribute a"
-    " WHERE a.attrelid = to_regclass(quote_ident(%(name)s))"
+    " WHERE a.attrelid = to_regclass(%(name)s)"
     " AND a.attnum > 0 AND NOT a.attisdropped"
 )
 
 
 def quoted(name: str) -> str:
-    """An identifier, quoted (``"name"``)."""
-    return sql.Identifier(name).as_string(None)
+    """An identifier, quoted (``"name"``); a ``schema.table`` name part by part."""
+    return sql.Identifier(*name.split(".")).as_string(None)
 
 
 _OWN_TABLE: Final = re.compile(

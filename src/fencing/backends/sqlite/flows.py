@@ -59,8 +59,15 @@ class SQLiteFlows:
         yield Txn(schema.migrate)
 
     def columns(self, target: Target, declare: frozenset[str] | None) -> Flow[frozenset[str]]:
-        text = f"PRAGMA table_info({quote(target.name)})"
-        rows: list[Any] = yield Txn(lambda conn, now: conn.execute(text).fetchall(), begin=False)
+        schema, dot, table = target.name.rpartition(".")  # ``main.orders``, attached ``x.t``
+        text = f"PRAGMA {quote(schema) + dot if dot else ''}table_info({quote(table)})"
+
+        def read(conn: Any, now: Any) -> list[Any]:
+            if dot and schema not in {r[1] for r in conn.execute("PRAGMA database_list")}:
+                return []
+            return list(conn.execute(text).fetchall())
+
+        rows: list[Any] = yield Txn(read, begin=False)
         if not rows:
             raise SchemaError(f"table {target.name!r} does not exist")
         return frozenset(r[1] for r in rows)

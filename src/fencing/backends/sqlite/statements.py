@@ -86,8 +86,9 @@ _CACHED: Final = 1024  # statements of guarded tables' shapes kept per store
 
 
 def quote(identifier: str) -> str:
-    """Quote an identifier already checked by ``check_column``."""
-    return '"' + identifier.replace('"', '""') + '"'
+    """Quote an identifier already checked by ``check_column`` (or ``check_table``: a
+    ``schema.table`` name is quoted part by part)."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in identifier.split("."))
 
 
 def table_read(target: Target) -> str:
