@@ -79,7 +79,7 @@ def test_same_named_tables_in_two_schemas_are_two_targets(
 def test_qualified_table_async(store_url: str, backend_name: str, loop: Any) -> None:
     for (a, _b), _run in _schemas(backend_name):
 
-        async def go() -> None:
+        async def go(a: str = a) -> None:
             store = await fencing.open_async(store_url)
             try:
                 orders = store.table(f"{a}.orders")
