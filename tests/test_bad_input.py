@@ -319,7 +319,10 @@ def _identifier_cases() -> list[Bad]:
                 lambda c, n=name: c.orders.intent("o-1", n),
             ),
         ]
-    for name in [*UNSAFE_COLUMNS, "fencing_records", "FENCING_leases", "fencing_x"]:
+    qualified_bad = ["a.b.c", ".orders", "shop.", "shop.fencing_records", "1x.orders"]
+    table_names = [n for n in UNSAFE_COLUMNS if n != "a.b"]  # schema.table is a table name
+    extra = [n for n in qualified_bad if n not in table_names]
+    for name in [*table_names, *extra, "fencing_records", "FENCING_leases", "fencing_x"]:
         cases.append(Bad(f"table {name!r}", InvalidIdentifier, lambda c, n=name: c.store.table(n)))
     for name in UNSAFE_COLUMNS:
         cases.append(
