@@ -45,7 +45,7 @@ from ._policy import (
 from ._request import LeaseAnswer, Target
 from ._runner import Stopped, ThreadRunner, no_loop, passthrough, sleep_sync
 from ._storebase import LeaseBase, StoreOptions, TargetBase
-from ._validate import check_column, check_name, check_table
+from ._validate import check_column, check_name, check_table, mapped_table
 from ._values import Intent, Outcome, Record
 from .backends._contract import Backend
 
@@ -359,7 +359,7 @@ class Store:
 
     def table(
         self,
-        name: str,
+        name: str | object,
         *,
         key: str = "id",
         version: str | None = "version",
@@ -370,7 +370,13 @@ class Store:
         ``columns``, when given, are the only columns this table's commits may set;
         they are checked against the table on first use (Redis, which has no schema,
         adds them to the table's declaration instead).
+
+        ``name`` may be ``schema.table``, or a SQLAlchemy mapped class (or ``Table``):
+        its name with its schema, its primary key as ``key`` (one column), the mapper's
+        ``version_id_col`` as ``version`` when it has one (see docs/sqlalchemy.md).
         """
+        if not isinstance(name, str):
+            name, key, version = mapped_table(name, version)
         target = Target(
             "table",
             check_table(name),

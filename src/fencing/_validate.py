@@ -21,6 +21,7 @@ __all__ = [
     "check_table",
     "compact_json",
     "dump_state",
+    "mapped_table",
 ]
 
 DEFAULT_MAX_STATE_BYTES = 1 << 20  # 1 MiB of JSON per record
@@ -64,6 +65,29 @@ def check_table(name: object) -> str:
             check_column(table, "table")
             return name
     return check_column(name, "table")
+
+
+def mapped_table(obj: object, version: str | None) -> tuple[str, str, str | None]:
+    """``(name, key column, version column)`` of a SQLAlchemy mapped class or ``Table``,
+    read duck-typed (SQLAlchemy is not imported): the table's name with its schema, its
+    one-column primary key, the mapper's ``version_id_col`` or else ``version``."""
+    table: Any = getattr(obj, "__table__", obj)
+    name, schema = getattr(table, "name", None), getattr(table, "schema", None)
+    primary = getattr(getattr(table, "primary_key", None), "columns", None)
+    if not isinstance(name, str) or primary is None:
+        raise InvalidIdentifier(
+            f"a table is a name, a SQLAlchemy mapped class or Table; not {type_name(obj)}"
+        )
+    keys = [column.name for column in primary]
+    if len(keys) != 1:
+        raise InvalidIdentifier(
+            f"table {name!r} has {len(keys)} primary key columns: fencing guards tables with"
+            " a one-column key (give the table's name and key= a unique column)"
+        )
+    mapped = getattr(getattr(obj, "__mapper__", None), "version_id_col", None)
+    if mapped is not None:
+        version = mapped.name
+    return (f"{schema}.{name}" if schema else name), keys[0], version
 
 
 def check_key(key: object) -> str | int:
