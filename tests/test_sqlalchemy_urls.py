@@ -8,6 +8,7 @@ own store on the engine's database. Drivers fencing does not use are refused cle
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -185,3 +186,28 @@ def test_engine_of_a_driver_fencing_does_not_use_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="psycopg 3") as err:
         fencing.open(url)
     assert "pw" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("sqlite:///:memory:", ":memory:"),
+        ("sqlite+pysqlite://", ":memory:"),
+        ("sqlite:///rel.db", "rel.db"),
+        ("sqlite:////abs/a b@c.db?timeout=3", "/abs/a b@c.db"),
+    ],
+)
+def test_sqlite_engine_paths_are_not_percent_encoded(
+    url: str, path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    engine = sqlalchemy.create_engine(url)
+    try:
+        text = store_url_text(engine)
+        assert isinstance(text, str)
+        assert StoreURL.parse(text).path == path
+        if path == ":memory:":
+            fencing.open(engine).close()
+            assert list(tmp_path.iterdir()) == []  # no file named after :memory:
+    finally:
+        engine.dispose()

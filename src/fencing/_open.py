@@ -48,11 +48,22 @@ def store_url_text(url: object) -> object:
     engine_url = getattr(url, "url", None)
     for candidate in (engine_url, url):
         render = getattr(candidate, "render_as_string", None)
+        drivername = getattr(candidate, "drivername", None)
+        if callable(render) and isinstance(drivername, str) and drivername.startswith("sqlite"):
+            return _sqlite_text(candidate, drivername)
         if callable(render):
             text = render(hide_password=False)
             if isinstance(text, str):
                 return text
     return url
+
+
+def _sqlite_text(url: Any, drivername: str) -> str:
+    """A SQLAlchemy SQLite URL's text, its path as is: ``render_as_string`` would
+    percent-encode it (``%3Amemory%3A``), and an empty one (``sqlite://``) is memory."""
+    database = url.database or ":memory:"
+    query = "&".join(f"{k}={v}" for k, v in dict(url.query).items())
+    return f"{drivername}:///{database}" + (f"?{query}" if query else "")
 
 
 def _store_options(max_state_bytes: int, retention: float) -> StoreOptions:
