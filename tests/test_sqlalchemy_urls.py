@@ -90,8 +90,6 @@ def test_open_engine(store_url: str, backend_name: str, api: str, loop: Loop) ->
     if api == "sync":
         engine = sqlalchemy.create_engine(url)
     else:
-        if url.startswith("sqlite+aiosqlite"):
-            pytest.importorskip("aiosqlite")
         from sqlalchemy.ext.asyncio import create_async_engine
 
         engine = create_async_engine(url)
