@@ -78,7 +78,7 @@ class SQLiteBackend(FlowBackend):
         with self._lock:
             if not step.begin:
                 try:
-                    return step.body(self.conn, 0.0)
+                    return step.body(self.conn, time.time())
                 except sqlite3.Error as exc:
                     raise translate(exc) from exc
             conn = self._begin(step.write)

@@ -7,7 +7,6 @@ connection it holds."""
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -16,7 +15,6 @@ from ..._effects import PENDING, PRUNABLE, Effect, EffectQuery, NewEffect
 from ..._errors import SchemaError
 from ..._flow import Flow
 from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target
-from ..._rules import judge
 from ..._values import Record
 from . import guard, schema
 from . import operations as op
@@ -31,8 +29,9 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class Txn:
     """A step: ``body(conn, now)`` in one transaction; ``now`` is the store's clock once
-    it began. ``write=False`` reads in a deferred transaction; ``begin=False`` runs a
-    body of one statement, which needs no transaction of its own."""
+    it began (or, with ``begin=False``, when the body ran). ``write=False`` reads in a
+    deferred transaction; ``begin=False`` runs a body of one statement, which needs no
+    transaction of its own."""
 
     body: Callable[[sqlite3.Connection, float], Any]
     write: bool = True
@@ -82,11 +81,9 @@ class SQLiteFlows:
             # fenced, or a table guard SQLite compares: judged in one read transaction
             return (yield from txn(lambda conn, now: op.judged(conn, request, now), write=False))
         statements = self.statements
-        record, applied = yield Txn(
-            lambda conn, now: op.probe_row(conn, statements, request), begin=False
+        return (
+            yield from txn(lambda conn, now: op.probed(conn, statements, request, now), begin=False)
         )
-        status = judge(record, applied, request.intent, None, None, time.time())
-        return CommitResult(status, record)
 
     def create(self, target: Target, key: str | int, state_json: str) -> Flow[Record]:
         return txn(lambda conn, now: op.create(conn, target, key, state_json, now))

@@ -26,7 +26,7 @@ __all__ = [
     "delete",
     "effects",
     "judged",
-    "probe_row",
+    "probed",
     "read",
     "release",
     "renew",
@@ -81,11 +81,11 @@ def judged(conn: sqlite3.Connection, request: CommitRequest, now: float) -> Comm
     return CommitResult(judge(record, applied, intent, lease, row, now, held), record)
 
 
-def probe_row(
-    conn: sqlite3.Connection, statements: Statements, request: CommitRequest
-) -> tuple[Record | None, bool]:
+def probed(
+    conn: sqlite3.Connection, statements: Statements, request: CommitRequest, now: float
+) -> CommitResult:
     """An unfenced probe: the record and whether the intent is applied, read by one
-    statement in one snapshot (so it needs no transaction of its own)."""
+    statement in one snapshot (so it needs no transaction of its own), judged."""
     target, intent = request.target, request.intent
     record = None
     if target.kind == "collection":
@@ -108,7 +108,8 @@ def probe_row(
         if found is not None:
             fence, names, values = found[-2] or 0, cur.description[:-2], found[:-2]
             record = table_record(target, intent.key, names, values, fence)
-    return record, found is not None and bool(found[-1])
+    applied = found is not None and bool(found[-1])
+    return CommitResult(judge(record, applied, intent, None, None, now), record)
 
 
 def create(
