@@ -1,7 +1,8 @@
 """Generate the sync twins of the async sources:
 
 * ``src/fencing/_store.py`` (the sync front) from ``_astore.py``;
-* ``src/fencing/backends/_base.py`` (the sync flow-driven backend) from ``_abase.py``.
+* ``src/fencing/backends/_base.py`` (the sync flow-driven backend) from ``_abase.py``;
+* ``src/fencing/backends/_bound.py`` (the sync bound backend) from ``_abound.py``.
 
 Usage: ``python scripts/unasync.py`` writes the files; ``--check`` exits 1 if one is stale.
 The rewrite is a fixed list of whole-word substitutions, then ``ruff format``. It fails
@@ -42,12 +43,19 @@ TWINS = [
         "The synchronous flow-driven backend, ``FlowBackend``.\n\n"
         "Generated from ``_abase.py``: see there.\n",
     ),
+    Twin(
+        PACKAGE / "backends" / "_abound.py",
+        PACKAGE / "backends" / "_bound.py",
+        "The synchronous bound backend, ``BoundBackend``: a store's flows on the caller's\n"
+        "connection.\n\nGenerated from ``_abound.py``: see there.\n",
+    ),
 ]
 
 # Order matters: longer names first.
 WORDS = [
     ("AsyncLeaseContext", "LeaseContext"),
     ("AsyncFlowBackend", "FlowBackend"),
+    ("AsyncBoundBackend", "BoundBackend"),
     ("AsyncCollection", "Collection"),
     ("AsyncBackend", "Backend"),
     ("AsyncRunner", "ThreadRunner"),
@@ -61,6 +69,8 @@ WORDS = [
     ("current_loop", "no_loop"),
     ("sleep_async", "sleep_sync"),
     ("adrive", "drive"),
+    ("aconnection", "connection"),
+    ("borrow_async", "borrow_sync"),
 ]
 PATTERNS = [
     (re.compile(r"\basync def\b"), "def"),
@@ -68,6 +78,7 @@ PATTERNS = [
     (re.compile(r"\basync for\b"), "for"),
     (re.compile(r"\bawait "), ""),
     (re.compile(r"fencing\.open_async\b"), "fencing.open"),
+    (re.compile(r"from \._abase import"), "from ._base import"),
     (re.compile(r"The asynchronous front"), "The synchronous front"),
     (re.compile(r"share it between the tasks of its loop"), "safe to share between threads"),
     (re.compile(r"on an event loop"), "synchronously"),

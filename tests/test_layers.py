@@ -30,9 +30,9 @@ PACKAGE = SRC / "fencing"
 # (layer, pattern of module names), first match wins; "fencing" alone is the api.
 LAYERS: list[tuple[int, str]] = [
     (0, r"fencing\.(_errors|_flow|_runner|_types|_validate)"),
-    (1, r"fencing\.(_values|_rules|_effects|_signing|_reconcile|_request|_url|_checks)"),
+    (1, r"fencing\.(_values|_rules|_effects|_signing|_reconcile|_request|_url|_checks|_borrow)"),
     (2, r"fencing\._policy"),
-    (3, r"fencing\.backends(\.(_contract|_abase|_base|_pool))?"),
+    (3, r"fencing\.backends(\.(_contract|_abase|_base|_abound|_bound|_pool))?"),
     (4, r"fencing\.backends\.[a-z]\w*(\..+)?"),
     (5, r"fencing\.(_storebase|_astore|_store|_open)"),
     (6, r"fencing"),

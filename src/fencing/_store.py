@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+from ._borrow import borrow_sync
 from ._checks import (
     check_declared,
     check_lease_args,
@@ -25,7 +26,7 @@ from ._checks import (
     reconcile_query,
 )
 from ._effects import Effect
-from ._errors import LeaseHeld, LeaseLost, StoreClosed, WrongEventLoop
+from ._errors import ConfigurationError, LeaseHeld, LeaseLost, StoreClosed, WrongEventLoop
 from ._flow import Sleep, drive
 from ._policy import (
     AcquireStep,
@@ -68,6 +69,7 @@ class _Ops(TargetBase):
     def _ready(self) -> None:
         if self.target.kind == "table" and self._columns is None:
             self._set_columns(self._backend.columns(self.target, self._declared))
+            self._store._learned(self)
 
     def get(self, key: str | int) -> Record | None:
         """The record as it is now, or None."""
@@ -318,8 +320,16 @@ class LeaseContext:
 class Store:
     """A store opened by ``fencing.open(url)``; safe to share between threads."""
 
-    def __init__(self, backend: Backend, url: str, options: StoreOptions) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        url: str,
+        options: StoreOptions,
+        *,
+        parent: Store | None = None,
+    ) -> None:
         self.backend = backend
+        self._parent = parent  # the store a view of ``using()`` belongs to
         self._closed = False
         self._loop = no_loop()  # the loop that opened it (None: a sync store)
         self.url = url
@@ -343,8 +353,34 @@ class Store:
         return self.backend
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self._closed or (self._parent is not None and self._parent._closed):
             raise StoreClosed(f"this {self.backend.scheme} store is closed: open a new one")
+
+    def using(self, connection: object) -> Store:
+        """A view of this store bound to your connection or session: its collections,
+        tables and commits run on ``connection``, inside your transaction.
+
+        ``connection`` is a driver's connection (psycopg 3, PyMySQL, ``sqlite3``) or a
+        SQLAlchemy ``Session`` or ``Connection`` (for an async store: their asyncio
+        twins, and aiomysql or aiosqlite), on this store's database.
+        What a commit writes there is yours to commit or roll back: its outcome is what
+        holds once you commit; rolled back, nothing of it remains and the same intent
+        can commit later. fencing never commits, rolls back or closes the connection,
+        and a refused commit leaves your transaction usable. Leases and recorded
+        effects are written at once on the store's own connections (a lease token or
+        an effect must never be rolled back); ``migrate``, ``guard_table`` and
+        ``prune`` run on the store itself. See docs/transactions.md.
+        """
+        self._check_open()
+        bind = getattr(self.backend, "bind", None)
+        if bind is None:
+            raise ConfigurationError(
+                f"a {self.backend.scheme} store has no transaction of yours to join:"
+                " store.using() works on PostgreSQL, MySQL/MariaDB and SQLite stores"
+            )
+        view = Store(bind(borrow_sync(connection)), self.url, self.options, parent=self)
+        view._loop = self._loop
+        return view
 
     @property
     def closed(self) -> bool:
@@ -392,8 +428,17 @@ class Store:
             front = self._fronts.get((cls, target, declared))
             if front is None:
                 front = cls(self, self.options, target, declared)
+                if self._parent is not None:  # a view knows what its store knows
+                    front._columns = self._parent._front(cls, target, declared)._columns
                 self._fronts[(cls, target, declared)] = front
             return front
+
+    def _learned(self, front: _Ops) -> None:
+        """A view's front read its table's columns: its store knows them from now on."""
+        if self._parent is not None:
+            known = self._parent._front(type(front), front.target, front._declared)
+            if known._columns is None:
+                known._columns = front._columns
 
     def acquire(
         self,

@@ -13,8 +13,10 @@ import time
 import weakref
 from typing import Any
 
+from ..._borrow import Borrowed
 from ..._errors import ConfigurationError
 from .._base import FlowBackend
+from .bound import SQLiteBoundBackend, bind
 from .errors import translate
 from .flows import SQLiteFlows, Txn
 from .settings import Settings
@@ -107,6 +109,10 @@ class SQLiteBackend(FlowBackend):
             _abort(conn, exc)
             raise
         return conn
+
+    def bind(self, borrowed: Borrowed) -> SQLiteBoundBackend:
+        """This store's flows on the caller's ``sqlite3`` connection (``store.using``)."""
+        return bind(self, borrowed)
 
     def close(self) -> None:
         with self._lock:
