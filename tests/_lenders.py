@@ -1,0 +1,64 @@
+"""How ``tests/test_using.py`` borrows a connection to a store's own database.
+
+A ``Lender`` per backend case: a driver connection in the driver's default
+(transactional) mode, an asyncio one, and SQLAlchemy URLs, all reaching the database
+(and, on PostgreSQL, the schema first on the search path) that a store opened on the
+case's URL uses, so a table name resolves on them as on the store's own connections.
+Server backends register theirs in ``tests/backends_*.py``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+
+@dataclass(frozen=True)
+class Lender:
+    #: a sync driver connection to the store's database, not in autocommit mode
+    connect: Callable[[str], Any]
+    #: the same, in autocommit mode (the caller has no transaction to join)
+    connect_autocommit: Callable[[str], Any]
+    #: an asyncio driver connection (None: the backend has no async lender yet)
+    aconnect: Callable[[str], Awaitable[Any]] | None
+    #: a SQLAlchemy URL (sync driver) and an async one for the store's database
+    sa_url: Callable[[str], str]
+    sa_async_url: Callable[[str], str] | None
+    #: keyword arguments for create_engine (PostgreSQL: the schema on the search path)
+    sa_options: Callable[[str], dict[str, Any]] = lambda url: {}
+
+
+LENDERS: dict[str, Lender] = {}
+
+
+def register_lender(case: str, lender: Lender) -> None:
+    LENDERS[case] = lender
+
+
+def _sqlite_path(url: str) -> str:
+    return urlsplit(url).path[1:] if url.startswith("sqlite:///") else url
+
+
+def _sqlite_connect(url: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(_sqlite_path(url), timeout=30)
+    conn.execute("PRAGMA busy_timeout=30000")
+    return conn
+
+
+def _sqlite_autocommit(url: str) -> sqlite3.Connection:
+    return sqlite3.connect(_sqlite_path(url), timeout=30, isolation_level=None)
+
+
+register_lender(
+    "sqlite-file",
+    Lender(
+        connect=_sqlite_connect,
+        connect_autocommit=_sqlite_autocommit,
+        aconnect=None,
+        sa_url=lambda url: f"sqlite:///{_sqlite_path(url)}",
+        sa_async_url=lambda url: f"sqlite+aiosqlite:///{_sqlite_path(url)}",
+    ),
+)
