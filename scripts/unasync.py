@@ -1,6 +1,7 @@
 """Generate the sync twins of the async sources:
 
 * ``src/fencing/_store.py`` (the sync front) from ``_astore.py``;
+* ``src/fencing/_lease.py`` (the sync leases) from ``_alease.py``;
 * ``src/fencing/backends/_base.py`` (the sync flow-driven backend) from ``_abase.py``;
 * ``src/fencing/backends/_bound.py`` (the sync bound backend) from ``_abound.py``.
 
@@ -36,6 +37,12 @@ TWINS = [
         PACKAGE / "_store.py",
         "The synchronous front: ``Store``, ``Collection``, ``Table``, ``Lease``.\n\n"
         "Generated from ``_astore.py``: see there.\n",
+    ),
+    Twin(
+        PACKAGE / "_alease.py",
+        PACKAGE / "_lease.py",
+        "The synchronous leases: ``Lease`` and ``LeaseContext``.\n\n"
+        "Generated from ``_alease.py``: see there.\n",
     ),
     Twin(
         PACKAGE / "backends" / "_abase.py",
@@ -79,6 +86,7 @@ PATTERNS = [
     (re.compile(r"\bawait "), ""),
     (re.compile(r"fencing\.open_async\b"), "fencing.open"),
     (re.compile(r"from \._abase import"), "from ._base import"),
+    (re.compile(r"from \._alease import"), "from ._lease import"),
     (re.compile(r"The asynchronous front"), "The synchronous front"),
     (re.compile(r"share it between the tasks of its loop"), "safe to share between threads"),
     (re.compile(r"on an event loop"), "synchronously"),

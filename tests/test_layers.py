@@ -34,7 +34,7 @@ LAYERS: list[tuple[int, str]] = [
     (2, r"fencing\._policy"),
     (3, r"fencing\.backends(\.(_contract|_abase|_base|_abound|_bound|_pool))?"),
     (4, r"fencing\.backends\.[a-z]\w*(\..+)?"),
-    (5, r"fencing\.(_storebase|_astore|_store|_open)"),
+    (5, r"fencing\.(_storebase|_alease|_lease|_astore|_store|_open)"),
     (6, r"fencing"),
     (7, r"fencing\.(testing|contrib|_demo|_bench|_cli|__main__)(\..+)?"),
 ]

@@ -317,3 +317,74 @@ def test_async_commit_rollback_and_refusal(env: Env) -> None:
             await store.close()
 
     asyncio.run(main())
+
+
+def _orm(env: Env) -> tuple[Any, Any]:
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    from sqlalchemy import Integer, String
+    from sqlalchemy.orm import DeclarativeBase, mapped_column
+
+    class Base(DeclarativeBase):
+        pass
+
+    class Order(Base):
+        __tablename__ = TABLE
+        id = mapped_column(Integer, primary_key=True)
+        version = mapped_column(Integer, nullable=False)
+        status = mapped_column(String(40))
+        total = mapped_column(Integer)
+        __mapper_args__ = {"version_id_col": version}  # noqa: RUF012
+
+    engine = sqlalchemy.create_engine(env.lender.sa_url(env.url), **env.lender.sa_options(env.url))
+    return engine, Order
+
+
+def test_intent_for_carries_the_version_the_row_has_once_committed(env: Env) -> None:
+    from sqlalchemy.orm import Session
+
+    engine, Order = _orm(env)
+    try:
+        with Session(engine) as session:
+            order = session.get(Order, 1)
+            order.status = "paid"  # the business step bumps the version at flush
+            view = env.store.using(session).table(Order)
+            intent = view.intent_for(order, "ship")  # flushed first, read in the session
+            assert intent.expected_version == 2 and order.version == 2
+            # a plain store table reads through the object's session too (sync)
+            assert env.store.table(Order).intent_for(order, "ship").expected_version == 2
+            session.commit()
+        out = env.table.commit(intent, {"status": "shipped"})  # the worker, after commit
+        assert isinstance(out, Committed) and out.record.version == 3
+        with Session(engine) as session:
+            row = session.execute(
+                __import__("sqlalchemy").text(f"SELECT id, version FROM {TABLE} WHERE id = 2")
+            ).one()
+            assert env.store.using(session).table(TABLE).intent_for(row, "x").expected_version == 1
+            new = Order(id=7, version=1, status="new", total=1)
+            session.add(new)  # pending: intent_for flushes it first
+            assert env.store.using(session).table(Order).intent_for(new, "x").expected_version == 1
+            session.rollback()
+        assert env.table.get(7) is None
+        with pytest.raises(InvalidInput, match="no column"):
+            env.table.intent_for({"nope": 1}, "x")
+        assert env.table.intent_for({"id": 2}, "x").expected_version == 1
+    finally:
+        engine.dispose()
+
+
+def test_the_after_commit_pattern_without_a_view_sends_a_stale_intent(env: Env) -> None:
+    """Why ``intent_for``/``using`` exist: an intent read on the store's own connections
+    while the business transaction is open predates that transaction's bump."""
+    from sqlalchemy.orm import Session
+
+    engine, Order = _orm(env)
+    try:
+        with Session(engine) as session:
+            order = session.get(Order, 1)
+            order.status = "paid"
+            session.flush()
+            early = env.table.intent(1, "ship")  # the store's own connection: version 1
+            session.commit()
+        assert isinstance(env.table.commit(early, {"status": "shipped"}), Stale)
+    finally:
+        engine.dispose()

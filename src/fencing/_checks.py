@@ -4,8 +4,10 @@ the effect queries. Each raises a typed ``InvalidInput`` before anything is writ
 
 from __future__ import annotations
 
+import importlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ._effects import Effect, EffectQuery, check_effect_key, check_limit
 from ._errors import InvalidIdentifier, InvalidInput, InvalidLeaseRequest, RecordNotFound
@@ -28,6 +30,7 @@ __all__ = [
     "key_query",
     "pending_query",
     "reconcile_query",
+    "row_key",
 ]
 
 MAX_OWNER_CHARS = 200
@@ -136,3 +139,60 @@ def check_wait(wait: object) -> float | None:
 
 def check_lease_args(name: object, owner: object, ttl: object) -> tuple[str, str, float]:
     return check_name(name, "lease"), check_owner(owner), check_ttl(ttl)
+
+
+def row_key(row: object, target: Target) -> tuple[object, object | None]:
+    """The key of the row ``row`` stands for in table ``target``, and the SQLAlchemy
+    session it belongs to (None if it is not a mapped object, or its session is not in
+    a transaction): a mapped object (flushed first if it is pending, so a new row has
+    its key), a mapping or SQLAlchemy ``Row`` holding the key column, or any object with
+    the key column as an attribute."""
+    column = target.key_column
+    if target.kind != "table" or column is None:
+        raise InvalidInput("intent_for() is for tables: a collection's intent takes its key")
+    if hasattr(type(row), "__mapper__"):
+        return _mapped_key(row, target, column)
+    mapping = getattr(row, "_mapping", row)  # a SQLAlchemy Row's mapping view
+    if isinstance(mapping, Mapping):
+        if column not in mapping:
+            raise InvalidInput(f"the row given to intent_for() has no column {column!r}")
+        return mapping[column], None
+    if not hasattr(row, column):
+        raise InvalidInput(
+            f"intent_for() takes a mapped object, a row or a mapping with column {column!r};"
+            f" {type(row).__name__} has no attribute {column!r}"
+        )
+    return getattr(row, column), None
+
+
+def _mapped_key(row: object, target: Target, column: str) -> tuple[object, object | None]:
+    state: Any = importlib.import_module("sqlalchemy").inspect(row)
+    mapper = state.mapper
+    table = mapper.local_table
+    name = f"{table.schema}.{table.name}" if table.schema else table.name
+    if name != target.name and table.name != target.name:
+        raise InvalidInput(
+            f"intent_for(): a {type(row).__name__} is a row of {name!r}, not {target.name!r}"
+        )
+    session = state.session
+    if state.pending:
+        if session is None:  # pragma: no cover - pending means added to a session
+            raise InvalidInput("intent_for(): the object is pending without a session")
+        try:
+            session.flush()
+        except Exception as exc:  # an AsyncSession's object: not flushed from here
+            if type(exc).__name__ != "MissingGreenlet":
+                raise
+            raise InvalidInput(
+                "intent_for(): flush the new object first (await session.flush())"
+            ) from None
+    for prop in mapper.column_attrs:
+        if any(getattr(c, "name", None) == column for c in prop.columns):
+            key = getattr(row, prop.key)
+            break
+    else:
+        raise InvalidInput(f"intent_for(): {type(row).__name__} maps no column {column!r}")
+    if state.transient or key is None:
+        raise InvalidInput(f"intent_for(): the {type(row).__name__} is not in the table yet")
+    active = session is not None and session.in_transaction()
+    return key, session if active else None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from types import TracebackType
 from typing import Any
 
 from ._borrow import borrow_sync
@@ -24,10 +23,18 @@ from ._checks import (
     key_query,
     pending_query,
     reconcile_query,
+    row_key,
 )
 from ._effects import Effect
-from ._errors import ConfigurationError, LeaseHeld, LeaseLost, StoreClosed, WrongEventLoop
+from ._errors import (
+    ConfigurationError,
+    InvalidInput,
+    LeaseHeld,
+    StoreClosed,
+    WrongEventLoop,
+)
 from ._flow import Sleep, drive
+from ._lease import Lease, LeaseContext, held
 from ._policy import (
     AcquireStep,
     CommitStep,
@@ -39,13 +46,12 @@ from ._policy import (
     StalePolicy,
     apply_flow,
     check_policy,
-    heartbeat_flow,
     lease_wait_flow,
     settle_flow,
 )
 from ._request import LeaseAnswer, Target
-from ._runner import Stopped, ThreadRunner, no_loop, passthrough, sleep_sync
-from ._storebase import LeaseBase, StoreOptions, TargetBase
+from ._runner import no_loop, passthrough, sleep_sync
+from ._storebase import StoreOptions, TargetBase
 from ._validate import check_column, check_name, check_table, mapped_table
 from ._values import Intent, Outcome, Record
 from .backends._contract import Backend
@@ -83,6 +89,24 @@ class _Ops(TargetBase):
         """An intent at the record's current version (reads the record)."""
         transition = check_name(transition, "transition")
         return self._new_intent(self.get(key), key, transition, guard)
+
+    def intent_for(
+        self, row: object, transition: str, *, guard: Mapping[str, Any] | None = None
+    ) -> Intent:
+        """An intent for the row ``row`` stands for: a SQLAlchemy mapped object (flushed
+        first if it is new), a ``Row`` or mapping with the table's key column, or an
+        object with it as an attribute. The row is read where your transaction sees it:
+        on a view of ``store.using(session)`` (the session flushed first), or, for a
+        mapped object whose session is in a transaction, through that session (an async
+        store asks for ``store.using(async_session)``). So the intent carries the
+        version the row will have once your transaction commits: enqueue it after the
+        commit and it arrives fresh."""
+        key, session = row_key(row, self.target)
+        front = self
+        if session is not None and self._store._parent is None:
+            view = self._store._session_view(session)
+            front = view._front(type(self), self.target, self._declared)
+        return front.intent(self._key(key), transition, guard=guard)
 
     def commit(
         self, intent: Intent, state: Mapping[str, Any], *, lease: Lease | None = None
@@ -209,114 +233,6 @@ class Table(_Ops):
     """A table the user owns, guarded by its key and version columns."""
 
 
-class Lease(LeaseBase):
-    """A held lease (see ``LeaseBase``); a context manager that releases on exit."""
-
-    store: Store
-    __slots__ = ("_heartbeat",)
-
-    def __init__(
-        self, store: Store, name: str, owner: str, ttl: float, answer: LeaseAnswer
-    ) -> None:
-        super().__init__(store, name, owner, ttl, answer)
-        # made when a heartbeat starts: most leases never run one (3.6 µs an acquire)
-        self._heartbeat: ThreadRunner | None = None
-
-    def renew(self, ttl: float | None = None) -> None:
-        """Extend the lease by ``ttl`` (default: its TTL) from now, by the store's clock."""
-        answer = self.store._live().renew(self.name, self.token, self._renew_ttl(ttl))
-        if not self._after_renew(answer):
-            raise LeaseLost(f"lease {self.name!r} token {self.token} is lost ({self.lost_reason})")
-
-    def release(self) -> None:
-        """Give the lease up; its token is never reused. ``LeaseLost`` if no longer held."""
-        self.stop_heartbeat()
-        if self.released:
-            return
-        if not self._after_release(self.store._live().release(self.name, self.token)):
-            raise LeaseLost(f"lease {self.name!r} token {self.token} was already lost")
-
-    def start_heartbeat(
-        self,
-        interval: float | None = None,
-        on_lost: Callable[[Lease], Any] | None = None,
-    ) -> None:
-        """Renew in the background every ``interval`` (default TTL/3) until released."""
-        if self._heartbeat is not None and self._heartbeat.running:
-            return
-        every = self._heartbeat_interval(interval)
-        runner = self._heartbeat = ThreadRunner()
-
-        def handle(step: Any) -> Any:
-            if isinstance(step, Sleep):
-                return runner.sleep(step.seconds)
-            try:
-                self.renew()
-            except LeaseLost:
-                return False
-            except Exception as exc:
-                return exc
-            return True
-
-        def run() -> None:
-            try:
-                reason = drive(heartbeat_flow(self.ttl, every), handle)
-            except Stopped:
-                return
-            if reason is not None:
-                self._mark_lost(reason)
-            if on_lost is not None:
-                try:
-                    passthrough(on_lost(self))
-                except Exception:
-                    # never raised over the body's own error (the lease context stops
-                    # this task on exit): logged, and ``lease.lost`` says what happened
-                    logger.exception("on_lost of lease %r token %s raised", self.name, self.token)
-
-        runner.start(f"fencing-heartbeat-{self.name}", run)
-
-    def stop_heartbeat(self) -> None:
-        """Stop renewing (the lease stays held until it expires or is released)."""
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # Never raise over the body's own error; a lost lease shows as ``lease.lost``.
-        self.stop_heartbeat()
-        if not self.released:
-            self._after_release(self.store._live().release(self.name, self.token))
-
-
-class LeaseContext:
-    """``with store.lease(name, owner=..., ttl=...) as lease:`` acquires on entry."""
-
-    def __init__(self, store: Store, kwargs: dict[str, Any]) -> None:
-        self._store = store
-        self._kwargs = kwargs
-        self._lease: Lease | None = None
-
-    def __enter__(self) -> Lease:
-        self._lease = self._store.acquire(**self._kwargs)
-        return self._lease
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._lease is not None:
-            self._lease.__exit__(exc_type, exc, tb)
-
-
 class Store:
     """A store opened by ``fencing.open(url)``; safe to share between threads."""
 
@@ -433,6 +349,16 @@ class Store:
                 self._fronts[(cls, target, declared)] = front
             return front
 
+    def _session_view(self, session: object) -> Store:
+        """A view on the SQLAlchemy session an object of ``intent_for`` belongs to."""
+        try:
+            return self.using(session)
+        except InvalidInput:
+            raise InvalidInput(
+                "intent_for(): the object's SQLAlchemy session is in a transaction; read the"
+                " row in it: store.using(async_session).table(...).intent_for(obj)"
+            ) from None
+
     def _learned(self, front: _Ops) -> None:
         """A view's front read its table's columns: its store knows them from now on."""
         if self._parent is not None:
@@ -461,7 +387,7 @@ class Store:
 
         answer: LeaseAnswer = drive(lease_wait_flow(wait), handle)
         if not answer.granted:
-            raise _held(name, answer)
+            raise held(name, answer)
         lease = Lease(self, name, owner, ttl, answer)
         if heartbeat or on_lost is not None:
             lease.start_heartbeat(on_lost=on_lost)
@@ -556,10 +482,3 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _held(name: str, answer: LeaseAnswer) -> LeaseHeld:
-    row = answer.row
-    if row is None or row.owner is None:
-        return LeaseHeld(name)
-    return LeaseHeld(name, row.owner, max(0.0, row.expires_at - answer.now))
