@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from fencing.testing import Report, check_history, final_event
+from fencing.testing import Report, check_history, final_event, outcome_event
 
 from .._backends import require_server
 from ._e2e import AMQP_HOST, AMQP_PORT, HARNESSES, REDIS_HOST, REDIS_PORT, Harness
@@ -363,3 +363,37 @@ def read(h: Harness, name: str) -> list[dict[str, Any]]:
     from ._e2e import read_jsonl
 
     return read_jsonl(h.control / name)
+
+
+def test_enqueued_after_commit_an_intent_read_in_the_transaction_arrives_fresh(
+    harness: Harness,
+) -> None:
+    """The business transaction bumps the record, then enqueues after it commits: an
+    intent read through ``store.using(conn)`` carries the version the record has once
+    the transaction commits, and the worker commits it; one read on the store's own
+    connection while the transaction was open predates the bump and arrives stale."""
+    h = harness
+    record = h.create(PACKED)
+    conn = sqlite3.connect(h.store_path, timeout=30)
+    try:
+        view = h.store.using(conn).collection("orders")
+        paid = view.commit(record.intent("pay"), _shared.marked(record.state, "pay"))
+        assert paid.committed and paid.record.version == 2
+        fresh = view.intent(record.key, "ship")  # inside the transaction: version 2
+        early = h.orders.intent(record.key, "ship")  # the store's own connection: version 1
+        conn.commit()  # the business transaction commits; then enqueue
+        h.writer.write(outcome_event(paid, paid.intent, worker="test"))
+    finally:
+        conn.close()
+    assert (fresh.expected_version, early.expected_version) == (2, 1)
+    h.enqueue("mark", fresh)
+    (report,) = h.wait_reports(fresh.id, 1)
+    assert report["fencing_outcome"] == "committed", h.logs()
+    h.enqueue("mark", early)
+    (stale,) = h.wait_reports(early.id, 1)
+    assert stale["fencing_outcome"] == "stale" and stale["fencing_action"] == "ack"
+    h.drain()
+    final = h.orders.get(record.key)
+    assert final is not None and final.version == 3
+    assert final.state["log"] == ["pay", "ship"]
+    assert judge(h, record.key).ok, judge(h, record.key).to_dict()
