@@ -8,11 +8,13 @@ virtualenv). ``text`` blocks are diagrams, not code.
 
 What the docs assume, the test provides, and the docs say so in a visible comment:
 - the documented addresses are mapped to the local services: ``postgresql://app@db/shop``
-  to a fresh PostgreSQL schema; the brokers' ``redis://localhost:6379/N`` to the
+  to a fresh PostgreSQL schema (SQLAlchemy's ``postgresql+psycopg://app@db/shop`` to the
+  same, that schema on its search path, where the README's transaction example's table
+  ``orders`` holds row 42); the brokers' ``redis://localhost:6379/N`` to the
   Redis databases the queue tests use (11-14, never 0), where only this test's own
   queue keys are deleted afterwards;
 - order ``"o-1"`` exists in that store; the README's guarded table ``orders`` holds row
-  42; the transaction example's ``conn``, ``table``, ``session``, ``intent``; the effects
+  42; the after-commit example's ``conn``, ``store``, ``session``, ``Order``; the effects
   example's ``payments`` client (a recording fake).
 Queue blocks enqueue onto their broker (arq's ``send`` is called); the worker side runs
 in tests/contrib/test_queues_e2e.py.
@@ -43,6 +45,7 @@ FENCE = re.compile(r"^```([A-Za-z]*)\n(.*?)^```\s*$", re.M | re.S)
 LANGUAGES = {"python", "sh", "text"}
 REDIS_DBS = {"1": "11", "2": "13", "3": "12", "4": "14"}  # the doc's N -> a test database
 PG_DOC_URL = "postgresql://app@db/shop"
+PG_SA_DOC_URL = "postgresql+psycopg://app@db/shop"  # SQLAlchemy's URL of the same database
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,16 @@ class Services:
             self.pg_url = pg.make_url(self.tmp_path)
         return self.pg_url
 
+    def pg_sqlalchemy(self) -> str:
+        """The store's database for a SQLAlchemy engine, its schema on the search path
+        (as on the store's own connections)."""
+        import tests.backends_postgres as pg
+
+        schema = pg.schema_of(self.pg())
+        return (
+            f"postgresql+psycopg://root@{pg.HOST}:{pg.PORT}/test?options=-csearch_path%3D{schema}"
+        )
+
     def redis_url(self, db: str) -> str:
         from ._backends import require_server
 
@@ -103,6 +116,8 @@ class Services:
         """The documented addresses, mapped to the local services."""
         if PG_DOC_URL in code:
             code = code.replace(PG_DOC_URL, self.pg())
+        if PG_SA_DOC_URL in code:
+            code = code.replace(PG_SA_DOC_URL, self.pg_sqlalchemy())
         return re.sub(r"redis://localhost:6379/(\d)", lambda m: self.redis_url(m.group(1)), code)
 
     def store(self) -> fencing.Store:
@@ -173,9 +188,23 @@ def _setup(block: Block, code: str, ns: dict[str, Any], services: Services) -> N
         orders = services.store().collection("orders")
         if orders.get("o-1") is None:
             orders.create("o-1", {"status": "packed", "total": 40})
+    if "intent_for(order" in code:
+        # the README's transaction example: orders (id, version, status) holding row 42
+        import tests.backends_postgres as pg
+
+        store = services.store()
+        store.migrate()
+        with pg.connect(store) as admin:
+            admin.execute(
+                "CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY,"
+                " version INTEGER NOT NULL DEFAULT 1, status VARCHAR(40))"
+            )
+            admin.execute(
+                "INSERT INTO orders (id, status) VALUES (42, 'new') ON CONFLICT DO NOTHING"
+            )
     if "after_commit(conn)" in code:
         import sqlalchemy
-        from sqlalchemy.orm import Session
+        from sqlalchemy.orm import DeclarativeBase, Session, mapped_column
 
         import tests.backends_postgres as pg
 
@@ -188,17 +217,20 @@ def _setup(block: Block, code: str, ns: dict[str, Any], services: Services) -> N
                 " version INTEGER NOT NULL DEFAULT 1, status TEXT)"
             )
             admin.execute("INSERT INTO orders (id, status) VALUES (42, 'new')")
-        schema = store.backend.schema  # type: ignore[attr-defined]
-        engine = sqlalchemy.create_engine(
-            "postgresql+psycopg://",
-            creator=lambda: pg.connect(store),
-            connect_args={},
-            execution_options={"schema_translate_map": {None: schema}},
-        )
+
+        class Base(DeclarativeBase):
+            pass
+
+        class Order(Base):
+            __tablename__ = "orders"
+            id = mapped_column(sqlalchemy.Integer, primary_key=True)
+            version = mapped_column(sqlalchemy.Integer, nullable=False)
+            status = mapped_column(sqlalchemy.Text)
+            __mapper_args__ = {"version_id_col": version}  # noqa: RUF012
+
+        engine = sqlalchemy.create_engine(services.pg_sqlalchemy())
         session = Session(engine)
-        session.execute(sqlalchemy.text("SELECT 1"))  # a transaction in progress
-        table = store.table("orders")
-        ns.update(conn=conn, table=table, session=session, intent=table.intent(42, "pack"))
+        ns.update(conn=conn, store=store, session=session, Order=Order)
         ns["ship"] = ns["__celery_ship"]
         services.stores.append(_Closing(conn, session, engine))
     if "payments." in code:
