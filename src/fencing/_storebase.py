@@ -132,7 +132,7 @@ class TargetBase:
             return None
         if not isinstance(lease, LeaseBase):
             raise InvalidInput(f"lease must be a Lease from this store, not {type(lease).__name__}")
-        if lease.store is not self._store:
+        if _root(lease.store) is not _root(self._store):
             raise InvalidInput("lease was acquired from another store")
         return lease.ref
 
@@ -372,3 +372,10 @@ class LeaseBase:
         if interval is None:
             return self.ttl / 3.0
         return check_ttl(interval, "heartbeat interval")
+
+
+def _root(store: object) -> object:
+    """The store itself, for a view of ``store.using()`` (a lease of the store is good for
+    its views, and one taken through a view for the store)."""
+    parent = getattr(store, "_parent", None)
+    return store if parent is None else parent

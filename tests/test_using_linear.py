@@ -1,0 +1,154 @@
+"""Bound views under concurrency: 8 threads, each in its own application transaction,
+churn hot keys through ``store.using(conn)`` (create/get/commit/delete, batches,
+guarded table commits, fenced commits under short leases), judged linearizable.
+
+Each data operation runs in a transaction of the thread's own connection: the view's
+call, then the caller's COMMIT, both inside the recorded interval (so the COMMIT, where
+the operation takes effect, is too). About one transaction in five is rolled back
+instead, and then it is *not recorded at all*: the history claims it had no effect, so
+a rolled-back commit that left anything behind (a version bump, an applied-intent claim
+that would make a later commit ``Duplicate``) makes the history non-linearizable.
+Leases go through the view to the store's own connections, as ``using`` promises.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fencing
+from fencing import TransientStoreError
+from fencing.testing import HistoryWriter, check_linearizable, read_lin_file
+
+from ._lenders import LENDERS
+from ._lin_churn import UNKNOWN, Call, SyncDriver, plan
+from .test_linearizability import _config, _judge, _prepare, _verdict
+
+pytestmark = pytest.mark.backends(only=lambda name: name in LENDERS)
+THREADS = 8
+JOIN = 300.0  # a bound on waiting for workers, never a timing assertion
+DATA = {"get", "create", "delete", "commit", "commit_many"}
+
+
+class RolledBack(Exception):
+    """The caller rolled its transaction back: the operation had no effect."""
+
+
+class TxDriver(SyncDriver):
+    """A churn worker whose data operations each run in its own application
+    transaction on ``conn``, through ``store.using(conn)``."""
+
+    def __init__(self, store: Any, conn: Any, seed: int, *args: Any) -> None:
+        super().__init__(store, *args)
+        self.base = store
+        self.conn = conn
+        self.random = random.Random(seed)
+        self.rolled_back = 0
+
+    def call(self, call: Call) -> Any:
+        if call.op not in DATA:
+            return super().call(call)
+        args = self.args(call)
+        t0 = self.clock()
+        try:
+            value = self._in_transaction(call)
+        except RolledBack:
+            self.rolled_back += 1
+            return UNKNOWN  # not recorded: it must have had no effect
+        except TransientStoreError:
+            self.write(call, args, UNKNOWN, t0, None)
+            return UNKNOWN
+        t1 = self.clock()
+        result = self.result(call, value)
+        self.write(call, args, result, t0, t1)
+        return result
+
+    def _in_transaction(self, call: Call) -> Any:
+        self.store = self.base.using(self.conn)
+        try:
+            value = self._do(call)
+        except BaseException:
+            self.conn.rollback()
+            self.store = self.base
+            raise
+        finally:
+            self.store = self.base
+        if self.random.random() < 0.2:
+            self.conn.rollback()
+            raise RolledBack
+        try:
+            self.conn.commit()
+        except Exception as exc:  # the server's answer to COMMIT: unknown to us
+            raise TransientStoreError(f"COMMIT failed: {exc}") from exc
+        return value
+
+
+def test_transactions_through_bound_views_are_linearizable(
+    backend_name: str, store_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "history.jsonl"
+    drivers = _churn(backend_name, store_url, path, seed=11)
+    assert sum(d.rolled_back for d in drivers) > 0  # the rollbacks were exercised
+    _verdict(_judge(backend_name + "-using", path), path)
+
+
+@pytest.mark.backends(only=lambda name: name == "sqlite-file")
+def test_a_bound_view_that_commits_for_the_caller_is_caught(
+    backend_name: str, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The harness fails on a planted bug: a bound step that commits the caller's work."""
+    from fencing.backends.sqlite.bound import SQLiteBoundBackend
+
+    step = SQLiteBoundBackend._step
+
+    def committing(self: Any, conn: Any, txn: Any) -> Any:
+        result = step(self, conn, txn)
+        if conn.in_transaction:
+            conn.commit()
+        return result
+
+    monkeypatch.setattr(SQLiteBoundBackend, "_step", committing)
+    path = tmp_path / "history.jsonl"
+    _churn(backend_name, store_url, path, seed=11)
+    ops, init = read_lin_file(path)
+    report = check_linearizable(ops, init=init)
+    assert report.ok is False, report.summary()
+
+
+def _churn(backend_name: str, store_url: str, path: Path, seed: int) -> list[TxDriver]:
+    config = _config(backend_name, seed=seed)
+    store = fencing.open(store_url)
+    lender = LENDERS[backend_name]
+    errors: list[BaseException] = []
+    drivers: list[TxDriver] = []
+    try:
+        _prepare(store, backend_name, config, path)
+        sink = HistoryWriter(path)
+        for i in range(THREADS):
+            drivers.append(TxDriver(store, None, 100 + i, sink, "p0", f"t{i}", config.batch_atomic))
+
+        def work(driver: TxDriver) -> None:
+            try:  # its own connection, made in its thread (sqlite3 wants that)
+                driver.conn = lender.connect(store_url)
+                driver.run(plan(config, driver.thread))
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                if driver.conn is not None:
+                    driver.conn.close()
+
+        workers = [threading.Thread(target=work, args=(d,)) for d in drivers]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(JOIN)
+        sink.close()
+        assert not any(t.is_alive() for t in workers), "a worker hung"
+    finally:
+        store.close()
+    assert not errors, errors
+    return drivers
