@@ -18,10 +18,12 @@ from fencing._cli import main
 from ._backends import require_server
 
 GUARD = "table.commit, guard trigger"  # beside the same commit without the trigger
+USING = "table.commit in the caller's transaction"  # beside own connections, hand-written
 SQLITE_OPERATIONS = {
     "collection.commit",
     "table.commit",
     GUARD,
+    USING,
     "apply",
     "commit_many (100/call)",
     "commit under lease",
@@ -68,10 +70,14 @@ def test_sqlite_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert settings == {"WAL file, synchronous=FULL", "WAL file, synchronous=NORMAL"}
     for setting in settings:
         ops = [r["operation"] for r in pairs if r["setting"] == setting]
-        assert sorted(ops) == sorted(SQLITE_OPERATIONS), setting
+        assert set(ops) == SQLITE_OPERATIONS and len(ops) == len(SQLITE_OPERATIONS) + 1, setting
     for row in pairs:
-        baseline = "no trigger" if row["operation"] == GUARD else "hand-written"
-        assert row["store"] == "sqlite" and row["baseline"] == baseline
+        baselines = {"hand-written"}
+        if row["operation"] == GUARD:
+            baselines = {"no trigger"}
+        elif row["operation"] == USING:
+            baselines = {"fencing, own connections", "hand-written"}
+        assert row["store"] == "sqlite" and row["baseline"] in baselines
         check_pair(row)
         many = row["operation"].startswith("commit_many")
         assert row["commits_per_call"] == (100 if many else 1)
@@ -80,6 +86,8 @@ def test_sqlite_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
             assert row["target_ratio"] == 1.10 and isinstance(row["target_met"], bool)
         else:
             assert row["target_ratio"] is None and row["target_met"] is None
+    using = [r["baseline"] for r in pairs if r["operation"] == USING]
+    assert sorted(using) == ["fencing, own connections"] * 2 + ["hand-written"] * 2
     speedups = [r for r in rows if r["kind"] == "speedup"]
     assert {r["setting"] for r in speedups} == settings
     assert all(r["ratio"] > 0 for r in speedups)
@@ -113,7 +121,7 @@ def test_server_quick_json(capsys: pytest.CaptureFixture[str], server: str) -> N
     assert not [r for r in rows if r["kind"] == "skipped"], rows
     pairs = [r for r in rows if r["kind"] == "pair"]
     assert {r["store"] for r in pairs} == {server}
-    expected = SQLITE_OPERATIONS - ({"table.commit", GUARD} if server == "redis" else set())
+    expected = SQLITE_OPERATIONS - ({"table.commit", GUARD, USING} if server == "redis" else set())
     assert expected <= {r["operation"] for r in pairs}
     for row in pairs:
         check_pair(row)

@@ -41,6 +41,8 @@ START: Final[Mapping[str, Any]] = {"status": "new", "n": 0}
 #: Seconds a benchmark lease is held for (each is released long before).
 LEASE_TTL: Final = 60.0
 FENCED_TTL: Final = 3600.0
+#: The ``using`` contest's operation.
+USING_OPERATION: Final = "table.commit in the caller's transaction"
 #: The ``guard`` contest's operation, and its baseline's label.
 GUARD_OPERATION: Final = "table.commit, guard trigger"
 NO_TRIGGER: Final = "no trigger"
@@ -152,6 +154,28 @@ class FencingOps:
 
         return Side("fencing", "table.commit(intent, {status, total})", prepare)
 
+    def bound_table_commit(self, table: fencing.Table, conn: Any, keys: Sequence[int]) -> Side:
+        """``table.commit`` through ``store.using(conn)``, then the caller's COMMIT."""
+        cursor = Cursor(keys)
+        view = self.store.using(conn).table(table.name)
+        commit, done = view.commit, conn.commit
+
+        def prepare(n: int) -> Block:
+            items = self._intents(cursor, n, table.name, "table")
+
+            def op(i: int) -> None:
+                intent, state = items[i]
+                check_committed(commit(intent, state))
+                done()
+
+            return Block([op])
+
+        return Side(
+            "fencing, using(conn)",
+            "store.using(conn).table(...).commit(intent, state); conn.commit()",
+            prepare,
+        )
+
     def apply(self, keys: Sequence[str]) -> Side:
         cursor, apply = Cursor(keys), self.coll.apply
 
@@ -261,6 +285,11 @@ class Bench:
         """A user table ``name`` with ``KEYS`` rows, as ``store.table`` (SQL stores)."""
         raise NotImplementedError
 
+    def borrowed(self) -> Any:
+        """A driver connection of the caller's to fencing's database, not in autocommit
+        mode (SQL stores: the ``using`` contest); closed by :meth:`drop`."""
+        raise NotImplementedError
+
     def drop(self) -> None:
         """Remove what the bench created on fencing's side (the baseline cleans itself)."""
 
@@ -276,6 +305,7 @@ class Bench:
         ]
         if self.guard_trigger:
             found.insert(2, ("guard", self.guard))
+            found.insert(3, ("using", self.using))
         return found
 
     def _records(self, prefix: str) -> list[str]:
@@ -295,8 +325,16 @@ class Bench:
         if isinstance(table, Skip):
             return table
         keys = list(range(1, KEYS + 1))
-        sides = (self.ours.table_commit(table, keys), *self.hand.table_commit(keys))
+        sides = (self.ours.table_commit(table, keys), *self._hand_table())
         return Contest(("table.commit",), sides, target=self.table_target)
+
+    def _hand_table(self) -> list[Side]:
+        """The hand-written table commit, made once: its rows' versions go on from one
+        contest to the next."""
+        sides: list[Side] | None = getattr(self, "_hand_table_sides", None)
+        if sides is None:
+            sides = self._hand_table_sides = self.hand.table_commit(list(range(1, KEYS + 1)))
+        return sides
 
     def guard(self) -> Contest:
         """table.commit on a table guarded by the trigger (``store.guard_table``) beside
@@ -315,6 +353,23 @@ class Bench:
             method="the same table.commit on the same table without the trigger",
         )
         return Contest((GUARD_OPERATION,), (ours, theirs))
+
+    def using(self) -> Contest | Skip:
+        """table.commit on the caller's connection, committed by the caller, beside the
+        store's own table.commit and the hand-written statement, alternately in one run."""
+        conn = self.borrowed()
+        if isinstance(conn, Skip):
+            return conn
+        table = self.user_table(f"bench_using_{self.suffix}")
+        keys = list(range(1, KEYS + 1))
+        half = len(keys) // 2  # the two fencing sides never share a row
+        bound = self.ours.bound_table_commit(table, conn, keys[:half])
+        own = replace(
+            self.ours.table_commit(table, keys[half:]),
+            label="fencing, own connections",
+            method="store.table(...).commit(intent, state)",
+        )
+        return Contest((USING_OPERATION,), (bound, own, *self._hand_table()))
 
     def apply(self) -> Contest:
         keys = self._records("a")

@@ -454,6 +454,7 @@ class MySQLBench(Bench):
                 raise StoreError(f"mysql: cannot set up the bench: {exc}") from exc
             raise
         self._parsed = parsed
+        self._borrowed: list[Any] = []
         self.cleanup_records = False  # the scratch database is dropped whole
         super().__init__(store, hand, suffix)
         self._hand = hand
@@ -469,6 +470,11 @@ class MySQLBench(Bench):
     def fencing_table(self) -> fencing.Table | Skip:
         return self.user_table(self.table_name)
 
+    def borrowed(self) -> Any:
+        conn = connect(self._parsed, self.scratch)  # autocommit off, as an app's
+        self._borrowed.append(conn)
+        return conn
+
     def user_table(self, name: str) -> fencing.Table:
         with self._hand.conn.cursor() as cur:
             cur.execute(ORDERS_DDL.format(name=name))
@@ -477,5 +483,7 @@ class MySQLBench(Bench):
         return self.store.table(name)
 
     def drop(self) -> None:
+        for borrowed in self._borrowed:
+            borrowed.close()
         self._hand.conn.rollback()
         self._drop_scratch(self._parsed)

@@ -151,6 +151,10 @@ def _psycopg() -> Any:
     return psycopg
 
 
+#: Fencing's schema first on a borrowed connection's search path, as on the store's own.
+SEARCH_PATH: Final = "SELECT set_config('search_path', %(schema)s, false)"
+
+
 def conninfo(url: StoreURL) -> str:
     """libpq connection parameters of a store URL (fencing's own options left out)."""
     from urllib.parse import unquote
@@ -433,11 +437,21 @@ class PostgresBench(Bench):
         self.fencing_schema = own or scratch
         self.cleanup_records = own is not None  # a scratch schema is dropped whole
         self._tables_made: list[str] = []
+        self._borrowed: list[Any] = []
+        self._conninfo = conninfo(parsed)
         super().__init__(store, hand, suffix)
         self._hand = hand
 
     def fencing_table(self) -> fencing.Table | Skip:
         return self.user_table(self.table_name)
+
+    def borrowed(self) -> Any:
+        psycopg = _psycopg()
+        conn = psycopg.connect(self._conninfo)  # a transaction per block, as an app's
+        conn.execute(SEARCH_PATH, {"schema": self.fencing_schema})
+        conn.commit()
+        self._borrowed.append(conn)
+        return conn
 
     def user_table(self, name: str) -> fencing.Table:
         conn, s = self._hand.conn, f'"{self.fencing_schema}"'
@@ -447,6 +461,8 @@ class PostgresBench(Bench):
         return self.store.table(name)
 
     def drop(self) -> None:
+        for borrowed in self._borrowed:
+            borrowed.close()
         conn = self._hand.conn
         if self.fencing_schema != self._hand.schema:
             for name in self._tables_made:

@@ -27,6 +27,7 @@ from ..backends.sqlite import SQLiteBackend
 from ._common import (
     KEYS,
     START,
+    USING_OPERATION,
     Bench,
     Cursor,
     collection_state,
@@ -351,7 +352,7 @@ class SQLiteBench(Bench):
         parsed = StoreURL.parse(url)
         self.path = parsed.path
         self.memory = parsed.path == ":memory:"
-        sync = parsed.option("synchronous", "full").upper()
+        sync = self._synchronous = parsed.option("synchronous", "full").upper()
         self.setting = ":memory:" if self.memory else f"WAL file, synchronous={sync}"
         self.table_target = None if self.memory else TARGET
         self.table_name = f"bench_orders_{suffix}"
@@ -364,6 +365,7 @@ class SQLiteBench(Bench):
             raise
         super().__init__(store, hand, suffix)
         self._tables_made: list[str] = []
+        self._borrowed: list[sqlite3.Connection] = []
         # A temp directory is removed whole; a user's file gets its records deleted.
         self.cleanup_records = self._tmpdir is None
 
@@ -377,6 +379,14 @@ class SQLiteBench(Bench):
     def fencing_table(self) -> fencing.Table | Skip:
         return self.user_table(self.table_name)
 
+    def borrowed(self) -> sqlite3.Connection | Skip:
+        if self.memory:
+            return Skip(USING_OPERATION, "a :memory: store has no other connection")
+        conn = sqlite3.connect(self.path, timeout=30.0)  # implicit transactions
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")  # the store's, to compare
+        self._borrowed.append(conn)
+        return conn
+
     def user_table(self, name: str) -> fencing.Table:
         conn = self._raw()
         try:
@@ -389,6 +399,8 @@ class SQLiteBench(Bench):
         return self.store.table(name)
 
     def drop(self) -> None:
+        for conn in self._borrowed:
+            conn.close()
         if self._tmpdir is not None:
             return  # the whole directory goes
         if self._tables_made and not self.memory:
