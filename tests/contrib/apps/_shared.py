@@ -79,6 +79,19 @@ def store() -> fencing.Store:
     return _store(store_url())
 
 
+#: The SQLAlchemy adoption scenario's table (tests/contrib/test_sqlalchemy_celery.py):
+#: shop_orders (id, version, status), in the store's own SQLite file.
+SHOP_TABLE = "shop_orders"
+
+
+def shop_orders() -> fencing.Table:
+    return store().table(SHOP_TABLE)
+
+
+def ship_order(record: fencing.Record) -> dict[str, Any]:
+    return {"status": "shipped"}
+
+
 def orders() -> fencing.Collection:
     return store().collection(COLLECTION)
 

@@ -27,6 +27,7 @@ class CeleryTasks:
     bump: FencedCeleryTask
     mark_impatient: FencedCeleryTask
     charge: FencedCeleryTask
+    ship_order: FencedCeleryTask
     naive_mark: Any
     naive_bump: Any
     ping: Any
@@ -73,12 +74,24 @@ def build(broker_url: str, queue: str, prefix: str) -> CeleryTasks:
         name="e2e.charge",
         **common,
     )(_shared.charge)
+    ship_order = fenced_task(app, target=_shared.shop_orders, name="e2e.ship_order", **common)(
+        _shared.ship_order
+    )
     naive = {"acks_late": True, "reject_on_worker_lost": True}
     naive_mark = app.task(name="e2e.naive_mark", **naive)(_shared.naive_mark)
     naive_bump = app.task(name="e2e.naive_bump", **naive)(_shared.naive_bump)
     ping = app.task(name="e2e.ping")(_shared.ping)
     return CeleryTasks(
-        app, mark, mark_leased, bump, mark_impatient, charge, naive_mark, naive_bump, ping
+        app,
+        mark,
+        mark_leased,
+        bump,
+        mark_impatient,
+        charge,
+        ship_order,
+        naive_mark,
+        naive_bump,
+        ping,
     )
 
 
