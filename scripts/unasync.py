@@ -2,6 +2,7 @@
 
 * ``src/fencing/_store.py`` (the sync front) from ``_astore.py``;
 * ``src/fencing/_lease.py`` (the sync leases) from ``_alease.py``;
+* ``src/fencing/_outbox_front.py`` (the sync outbox) from ``_aoutbox.py``;
 * ``src/fencing/backends/_base.py`` (the sync flow-driven backend) from ``_abase.py``;
 * ``src/fencing/backends/_bound.py`` (the sync bound backend) from ``_abound.py``.
 
@@ -45,6 +46,12 @@ TWINS = [
         "Generated from ``_alease.py``: see there.\n",
     ),
     Twin(
+        PACKAGE / "_aoutbox.py",
+        PACKAGE / "_outbox_front.py",
+        "The synchronous outbox front: ``Outbox``.\n\n"
+        "Generated from ``_aoutbox.py``: see there.\n",
+    ),
+    Twin(
         PACKAGE / "backends" / "_abase.py",
         PACKAGE / "backends" / "_base.py",
         "The synchronous flow-driven backend, ``FlowBackend``.\n\n"
@@ -67,6 +74,7 @@ WORDS = [
     ("AsyncBackend", "Backend"),
     ("AsyncRunner", "ThreadRunner"),
     ("AsyncStore", "Store"),
+    ("AsyncOutbox", "Outbox"),
     ("AsyncTable", "Table"),
     ("AsyncLease", "Lease"),
     ("_AsyncOps", "_Ops"),
@@ -87,6 +95,7 @@ PATTERNS = [
     (re.compile(r"fencing\.open_async\b"), "fencing.open"),
     (re.compile(r"from \._abase import"), "from ._base import"),
     (re.compile(r"from \._alease import"), "from ._lease import"),
+    (re.compile(r"from \._aoutbox import"), "from ._outbox_front import"),
     (re.compile(r"The asynchronous front"), "The synchronous front"),
     (re.compile(r"share it between the tasks of its loop"), "safe to share between threads"),
     (re.compile(r"on an event loop"), "synchronously"),

@@ -34,7 +34,13 @@ def test_unasync_check_passes() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-GENERATED = ["_store.py", "_lease.py", "backends/_base.py", "backends/_bound.py"]
+GENERATED = [
+    "_store.py",
+    "_lease.py",
+    "_outbox_front.py",
+    "backends/_base.py",
+    "backends/_bound.py",
+]
 
 
 @pytest.mark.parametrize("path", GENERATED)

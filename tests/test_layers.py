@@ -30,11 +30,14 @@ PACKAGE = SRC / "fencing"
 # (layer, pattern of module names), first match wins; "fencing" alone is the api.
 LAYERS: list[tuple[int, str]] = [
     (0, r"fencing\.(_errors|_flow|_runner|_types|_validate)"),
-    (1, r"fencing\.(_values|_rules|_effects|_signing|_reconcile|_request|_url|_checks|_borrow)"),
+    (
+        1,
+        r"fencing\.(_values|_rules|_effects|_outbox|_signing|_reconcile|_request|_url|_checks|_borrow)",
+    ),
     (2, r"fencing\._policy"),
     (3, r"fencing\.backends(\.(_contract|_abase|_base|_abound|_bound|_pool))?"),
     (4, r"fencing\.backends\.[a-z]\w*(\..+)?"),
-    (5, r"fencing\.(_storebase|_alease|_lease|_astore|_store|_open)"),
+    (5, r"fencing\.(_storebase|_alease|_lease|_aoutbox|_outbox_front|_astore|_store|_open)"),
     (6, r"fencing"),
     (7, r"fencing\.(testing|contrib|_demo|_bench|_cli|__main__)(\..+)?"),
 ]

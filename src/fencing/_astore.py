@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ._alease import AsyncLease, AsyncLeaseContext, held
+from ._aoutbox import AsyncOutbox
 from ._borrow import borrow_async
 from ._checks import (
     check_declared,
@@ -298,6 +299,11 @@ class AsyncStore:
         view = AsyncStore(bind(borrow_async(connection)), self.url, self.options, parent=self)
         view._loop = self._loop
         return view
+
+    @property
+    def outbox(self) -> AsyncOutbox:
+        """This store's outbox (on a view of ``using``, written in your transaction)."""
+        return AsyncOutbox(self)
 
     @property
     def closed(self) -> bool:

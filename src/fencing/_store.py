@@ -35,6 +35,7 @@ from ._errors import (
 )
 from ._flow import Sleep, drive
 from ._lease import Lease, LeaseContext, held
+from ._outbox_front import Outbox
 from ._policy import (
     AcquireStep,
     CommitStep,
@@ -297,6 +298,11 @@ class Store:
         view = Store(bind(borrow_sync(connection)), self.url, self.options, parent=self)
         view._loop = self._loop
         return view
+
+    @property
+    def outbox(self) -> Outbox:
+        """This store's outbox (on a view of ``using``, written in your transaction)."""
+        return Outbox(self)
 
     @property
     def closed(self) -> bool:

@@ -12,9 +12,10 @@ from typing import Any, TypeVar
 
 from .._effects import Effect, EffectQuery, NewEffect
 from .._flow import Flow, drive
+from .._outbox import OutboxClaim, OutboxMessage, OutboxRow, OutboxStats
 from .._request import CommitRequest, CommitResult, LeaseAnswer, Target
 from .._values import Record
-from ._contract import Flows
+from ._contract import Flows, OutboxFlows, no_outbox
 
 __all__ = ["FlowBackend"]
 
@@ -99,3 +100,31 @@ class FlowBackend:
 
     def unguard_table(self, target: Target) -> None:
         self._drive(self.flows.unguard_table(target))
+
+    # -- the outbox (a store whose flows have none refuses, ``no_outbox``) ---------------
+    def _outbox(self) -> OutboxFlows:
+        flows = self.flows
+        if not isinstance(flows, OutboxFlows):
+            raise no_outbox(self.scheme)
+        return flows
+
+    def outbox_add(self, message: OutboxMessage) -> OutboxRow:
+        return self._drive(self._outbox().outbox_add(message))
+
+    def outbox_claim(self, relay: str, kind: str, limit: int, ttl: float) -> OutboxClaim:
+        return self._drive(self._outbox().outbox_claim(relay, kind, limit, ttl))
+
+    def outbox_done(self, token: int, ids: Sequence[int]) -> int:
+        return self._drive(self._outbox().outbox_done(token, ids))
+
+    def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> int:
+        return self._drive(self._outbox().outbox_release(token, ids, error))
+
+    def outbox_list(self, kind: str | None, limit: int) -> list[OutboxRow]:
+        return self._drive(self._outbox().outbox_list(kind, limit))
+
+    def outbox_stats(self, kind: str | None) -> OutboxStats:
+        return self._drive(self._outbox().outbox_stats(kind))
+
+    def outbox_prune(self, older_than: float) -> int:
+        return self._drive(self._outbox().outbox_prune(older_than))

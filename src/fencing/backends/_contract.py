@@ -30,15 +30,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from .._effects import Effect, EffectQuery, NewEffect
 from .._errors import ConfigurationError
 from .._flow import Flow
+from .._outbox import OutboxClaim, OutboxMessage, OutboxRow, OutboxStats
 from .._request import CommitRequest, CommitResult, LeaseAnswer, Target
 from .._values import Record
 
-__all__ = ["AsyncBackend", "Backend", "Flows", "ThreadedAsyncBackend", "no_guard"]
+__all__ = [
+    "AsyncBackend",
+    "Backend",
+    "Flows",
+    "OutboxFlows",
+    "ThreadedAsyncBackend",
+    "no_guard",
+    "no_outbox",
+]
 
 T = TypeVar("T")
 
@@ -76,6 +85,14 @@ class Backend(Protocol):
     # the guard trigger on a table the user owns (see above)
     def guard_table(self, target: Target) -> None: ...
     def unguard_table(self, target: Target) -> None: ...
+    # the transactional outbox (see ``fencing._outbox``; OutboxFlows below)
+    def outbox_add(self, message: OutboxMessage) -> OutboxRow: ...
+    def outbox_claim(self, relay: str, kind: str, limit: int, ttl: float) -> OutboxClaim: ...
+    def outbox_done(self, token: int, ids: Sequence[int]) -> int: ...
+    def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> int: ...
+    def outbox_list(self, kind: str | None, limit: int) -> list[OutboxRow]: ...
+    def outbox_stats(self, kind: str | None) -> OutboxStats: ...
+    def outbox_prune(self, older_than: float) -> int: ...
 
 
 class AsyncBackend(Protocol):
@@ -108,6 +125,13 @@ class AsyncBackend(Protocol):
     async def prune_effects(self, older_than: float) -> int: ...
     async def guard_table(self, target: Target) -> None: ...
     async def unguard_table(self, target: Target) -> None: ...
+    async def outbox_add(self, message: OutboxMessage) -> OutboxRow: ...
+    async def outbox_claim(self, relay: str, kind: str, limit: int, ttl: float) -> OutboxClaim: ...
+    async def outbox_done(self, token: int, ids: Sequence[int]) -> int: ...
+    async def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> int: ...
+    async def outbox_list(self, kind: str | None, limit: int) -> list[OutboxRow]: ...
+    async def outbox_stats(self, kind: str | None) -> OutboxStats: ...
+    async def outbox_prune(self, older_than: float) -> int: ...
 
 
 class Flows(Protocol):
@@ -135,6 +159,41 @@ class Flows(Protocol):
     def prune_effects(self, older_than: float) -> Flow[int]: ...
     def guard_table(self, target: Target) -> Flow[None]: ...
     def unguard_table(self, target: Target) -> Flow[None]: ...
+
+
+@runtime_checkable
+class OutboxFlows(Protocol):
+    """The outbox's flows, on a store that has an outbox table (the SQL stores; memory,
+    for tests). The outbox is a table of the store's own schema:
+
+    * ``outbox_add`` inserts a row (``created_at`` the store's clock) and returns it;
+    * ``outbox_claim`` takes, in id order, up to ``limit`` unsent rows of queue ``kind``
+      whose key has no unsent row under another live claim (so each key's rows go out
+      in order), under a new token from a counter that only grows, until the store's
+      clock plus ``ttl``; rows of a claim that expired are claimable again;
+    * ``outbox_done`` marks rows sent, ``outbox_release`` gives them back (``attempts``
+      plus one, ``last_error``, the claim ended): both only rows still under ``token``
+      and unsent, and both say how many;
+    * ``outbox_list`` answers unsent rows oldest first; ``outbox_stats`` their count and
+      the oldest one's age; ``outbox_prune`` deletes rows sent more than ``older_than``
+      seconds before the store's clock (never an unsent one).
+    """
+
+    def outbox_add(self, message: OutboxMessage) -> Flow[OutboxRow]: ...
+    def outbox_claim(self, relay: str, kind: str, limit: int, ttl: float) -> Flow[OutboxClaim]: ...
+    def outbox_done(self, token: int, ids: Sequence[int]) -> Flow[int]: ...
+    def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> Flow[int]: ...
+    def outbox_list(self, kind: str | None, limit: int) -> Flow[list[OutboxRow]]: ...
+    def outbox_stats(self, kind: str | None) -> Flow[OutboxStats]: ...
+    def outbox_prune(self, older_than: float) -> Flow[int]: ...
+
+
+def no_outbox(scheme: str) -> ConfigurationError:
+    """The refusal of the outbox's operations by a store without an outbox table."""
+    return ConfigurationError(
+        f"{scheme}: the outbox is a table of the SQL stores (PostgreSQL, MySQL/MariaDB,"
+        " SQLite): open one of those to send tasks through an outbox"
+    )
 
 
 def no_guard(scheme: str, why: str) -> ConfigurationError:
@@ -230,3 +289,24 @@ class ThreadedAsyncBackend:
 
     async def unguard_table(self, target: Target) -> None:
         await self._call(self.sync.unguard_table, target)
+
+    async def outbox_add(self, message: OutboxMessage) -> OutboxRow:
+        return await self._call(self.sync.outbox_add, message)
+
+    async def outbox_claim(self, relay: str, kind: str, limit: int, ttl: float) -> OutboxClaim:
+        return await self._call(self.sync.outbox_claim, relay, kind, limit, ttl)
+
+    async def outbox_done(self, token: int, ids: Sequence[int]) -> int:
+        return await self._call(self.sync.outbox_done, token, ids)
+
+    async def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> int:
+        return await self._call(self.sync.outbox_release, token, ids, error)
+
+    async def outbox_list(self, kind: str | None, limit: int) -> list[OutboxRow]:
+        return await self._call(self.sync.outbox_list, kind, limit)
+
+    async def outbox_stats(self, kind: str | None) -> OutboxStats:
+        return await self._call(self.sync.outbox_stats, kind)
+
+    async def outbox_prune(self, older_than: float) -> int:
+        return await self._call(self.sync.outbox_prune, older_than)

@@ -14,10 +14,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, pending, prunable
 from .._errors import AlreadyExists, ConfigurationError, SchemaError
+from .._outbox import OutboxClaim, OutboxMessage, OutboxRow, OutboxStats, claimable
 from .._request import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._url import StoreURL
@@ -38,6 +40,7 @@ class _Table:
 
 
 _ABSENT: Any = object()
+_UNCLAIMED: dict[str, Any] = {"claim_token": None, "claimed_by": None, "claimed_until": None}
 
 
 class _Undo:
@@ -86,6 +89,9 @@ class MemoryBackend:
         self._fences: dict[tuple[str, str | int], int] = {}
         self._leases: dict[str, LeaseRow] = {}
         self._effects: dict[str, tuple[Any, ...]] = {}  # rows in EFFECT_COLUMNS order
+        self._outbox: dict[int, OutboxRow] = {}  # by id, in id order
+        self._outbox_id = 0
+        self._claims = 0  # the last claim token
 
     # -- tables the "user owns": the memory store's stand-in for CREATE TABLE / INSERT
     def create_table(
@@ -317,6 +323,71 @@ class MemoryBackend:
             for k in old:
                 del self._effects[k]
             return len(old)
+
+    # -- the outbox (kept in id order; the claim rule is ``_outbox.claimable``) ------------
+    def outbox_add(self, message: OutboxMessage) -> OutboxRow:
+        with self._lock:
+            self._outbox_id += 1
+            row = OutboxRow(
+                self._outbox_id, message.kind, message.task, message.queue, message.payload,
+                json.loads(message.options_json()), message.key, self.clock(), 0, None,
+                None, None, None, None,
+            )  # fmt: skip
+            self._outbox[row.id] = row
+            return row
+
+    def outbox_claim(self, relay: str, kind: str, limit: int, ttl: float) -> OutboxClaim:
+        with self._lock:
+            now = self.clock()
+            self._claims += 1
+            token, until = self._claims, now + ttl
+            taken = claimable(list(self._outbox.values()), kind, now, limit)
+            rows = tuple(
+                replace(r, claim_token=token, claimed_by=relay, claimed_until=until) for r in taken
+            )
+            self._outbox.update((r.id, r) for r in rows)
+            return OutboxClaim(token, rows, until, now)
+
+    def _claimed(self, token: int, ids: Sequence[int]) -> list[OutboxRow]:
+        found = (self._outbox.get(i) for i in ids)
+        return [r for r in found if r is not None and r.claim_token == token and not r.sent]
+
+    def outbox_done(self, token: int, ids: Sequence[int]) -> int:
+        with self._lock:
+            now, rows = self.clock(), self._claimed(token, ids)
+            self._outbox.update((r.id, replace(r, sent_at=now, claimed_until=None)) for r in rows)
+            return len(rows)
+
+    def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> int:
+        with self._lock:
+            rows = self._claimed(token, ids)
+            self._outbox.update(
+                (r.id, replace(r, attempts=r.attempts + 1, last_error=error, **_UNCLAIMED))
+                for r in rows
+            )
+            return len(rows)
+
+    def outbox_list(self, kind: str | None, limit: int) -> list[OutboxRow]:
+        with self._lock:
+            rows = [r for r in self._outbox.values() if not r.sent and kind in (None, r.kind)]
+            return rows[:limit]
+
+    def outbox_stats(self, kind: str | None) -> OutboxStats:
+        with self._lock:
+            now = self.clock()
+            rows = [r for r in self._outbox.values() if not r.sent and kind in (None, r.kind)]
+            oldest = min((r.created_at for r in rows), default=now)
+            return OutboxStats(len(rows), max(0.0, now - oldest), now)
+
+    def outbox_prune(self, older_than: float) -> int:
+        with self._lock:
+            horizon = self.clock() - older_than
+            gone = [
+                i for i, r in self._outbox.items() if r.sent_at is not None and r.sent_at < horizon
+            ]
+            for i in gone:
+                del self._outbox[i]
+            return len(gone)
 
     def guard_table(self, target: Target) -> None:
         raise no_guard("memory", "a memory store's tables are written by fencing alone")

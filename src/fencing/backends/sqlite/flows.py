@@ -7,8 +7,7 @@ connection it holds."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from ..._effects import PENDING, PRUNABLE, Effect, EffectQuery, NewEffect
@@ -19,34 +18,16 @@ from ..._values import Record
 from . import guard, schema
 from . import operations as op
 from . import statements as sql
+from .outbox import SQLiteOutboxFlows
 from .statements import Statements, quote
+from .steps import Txn, txn
 
 __all__ = ["SQLiteFlows", "Txn", "txn"]
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Txn:
-    """A step: ``body(conn, now)`` in one transaction; ``now`` is the store's clock once
-    it began (or, with ``begin=False``, when the body ran). ``write=False`` reads in a
-    deferred transaction; ``begin=False`` runs a body of one statement, which needs no
-    transaction of its own."""
-
-    body: Callable[[sqlite3.Connection, float], Any]
-    write: bool = True
-    begin: bool = True
-
-
-def txn(
-    body: Callable[[sqlite3.Connection, float], T], *, write: bool = True, begin: bool = True
-) -> Flow[T]:
-    """The flow of one ``Txn`` step: its body's result."""
-    result: T = yield Txn(body, write, begin)
-    return result
-
-
-class SQLiteFlows:
+class SQLiteFlows(SQLiteOutboxFlows):
     """The flows of ``_contract.Flows`` for SQLite (one ``Statements`` cache per store)."""
 
     __slots__ = ("statements",)

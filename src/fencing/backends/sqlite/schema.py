@@ -11,7 +11,7 @@ from ..._errors import SchemaError
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "migrate"]
 
-SCHEMA_VERSION: Final = 3  # 2: fencing_effects; 3: applied intents by (scope, id, key)
+SCHEMA_VERSION: Final = 4  # 2: effects; 3: applied intents by (scope, id, key); 4: outbox
 
 # 2 -> 3: rebuild fencing_applied with (scope, intent_id, key) as its primary key
 _APPLIED_BY_KEY: Final = (
@@ -48,7 +48,7 @@ def migrate(conn: sqlite3.Connection, now: float) -> None:
             f"this store's schema is version {row[0]}, newer than this fencing"
             f" ({SCHEMA_VERSION}); upgrade fencing"
         )
-    elif row[0] < SCHEMA_VERSION:  # 1 -> 2 only added tables, made above
+    elif row[0] < SCHEMA_VERSION:  # 1 -> 2 and 3 -> 4 only added tables, made above
         if row[0] < 3:  # 2 -> 3: the applied intents' key joins their primary key
             for statement in _APPLIED_BY_KEY:
                 conn.execute(statement)

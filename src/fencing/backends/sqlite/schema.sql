@@ -56,3 +56,30 @@ CREATE TABLE IF NOT EXISTS fencing_effects (
 CREATE INDEX IF NOT EXISTS fencing_effects_intent ON fencing_effects (scope, intent_id);
 CREATE INDEX IF NOT EXISTS fencing_effects_open ON fencing_effects (recorded_at)
     WHERE outcome IS NOT NULL AND reconciled_at IS NULL;
+CREATE TABLE IF NOT EXISTS fencing_outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    task TEXT NOT NULL,
+    queue TEXT,
+    payload TEXT NOT NULL,
+    options TEXT NOT NULL,
+    okey TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    claim_token INTEGER,
+    claimed_by TEXT,
+    claimed_until REAL,
+    sent_at REAL
+);
+CREATE INDEX IF NOT EXISTS fencing_outbox_unsent ON fencing_outbox (kind, id)
+    WHERE sent_at IS NULL;
+CREATE INDEX IF NOT EXISTS fencing_outbox_key ON fencing_outbox (okey, id)
+    WHERE sent_at IS NULL;
+CREATE INDEX IF NOT EXISTS fencing_outbox_sent ON fencing_outbox (sent_at)
+    WHERE sent_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS fencing_outbox_claims (
+    token INTEGER PRIMARY KEY AUTOINCREMENT,
+    relay TEXT NOT NULL,
+    claimed_at REAL NOT NULL
+);

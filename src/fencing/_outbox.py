@@ -1,0 +1,240 @@
+"""The transactional outbox: values and rules, free of I/O.
+
+A fenced task sent through the outbox (``store.using(conn).outbox.send(task, intent)``)
+is one row written in the caller's transaction: rolled back, there is no row and
+nothing is sent; committed, a relay (``fencing relay``, ``fencing.contrib.relay``)
+publishes it through the queue's own client, at least once, then marks it sent. A
+relay that crashed between the publish and the mark publishes again; the worker then
+answers ``Duplicate``, so the effect is applied once.
+
+Relays *claim* rows before publishing: a claim has a token from a counter that only
+grows, and a deadline (``claimed_until``). Rows are claimed in the order they were
+written, and never a row of a key while another relay's claim on an earlier row of
+that key is live, so the rows of one key are published in order. Marking a row sent,
+or giving it back after a failed publish, names the claim's token: a relay that paused
+past its claim's deadline, whose rows a newer claim took, marks and gives back nothing.
+
+Every backend stores the same row (``OUTBOX_COLUMNS``) and answers with
+:class:`OutboxRow` values built by :func:`outbox_row`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ._errors import InvalidInput
+from ._validate import check_name
+
+__all__ = [
+    "MAX_OPTIONS_BYTES",
+    "MAX_PAYLOAD_BYTES",
+    "OUTBOX_COLUMNS",
+    "QUEUE_KINDS",
+    "OutboxClaim",
+    "OutboxMessage",
+    "OutboxRow",
+    "OutboxStats",
+    "check_claim",
+    "check_message",
+    "claimable",
+    "message_from",
+    "outbox_row",
+]
+
+#: The task queues a relay publishes to.
+QUEUE_KINDS: Final = ("celery", "rq", "dramatiq", "arq")
+MAX_PAYLOAD_BYTES: Final = 256 * 1024
+MAX_OPTIONS_BYTES: Final = 16 * 1024
+MAX_TASK_CHARS: Final = 512
+MAX_CLAIM: Final = 10_000
+#: The stored row, in this order, on every backend (``options`` is a JSON object; the
+#: claim's columns are NULL until a relay claims the row, ``sent_at`` until it is sent).
+OUTBOX_COLUMNS: Final = (
+    "id",
+    "kind",
+    "task",
+    "queue",
+    "payload",
+    "options",
+    "okey",
+    "created_at",
+    "attempts",
+    "last_error",
+    "claim_token",
+    "claimed_by",
+    "claimed_until",
+    "sent_at",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """What ``outbox.send`` writes: a task of a queue (``kind``) by its ``task`` name (RQ:
+    its import path), the ``queue`` it goes to (None: the task's default), its
+    ``payload`` (the intent's JSON, or its signed token), the queue's send options, and
+    ``key``: the record the intent is about, so a relay keeps that record's order."""
+
+    kind: str
+    task: str
+    payload: str
+    key: str
+    queue: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def options_json(self) -> str:
+        return json.dumps(dict(self.options), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """An outbox row as the store holds it."""
+
+    id: int
+    kind: str
+    task: str
+    queue: str | None
+    payload: str
+    options: Mapping[str, Any]
+    key: str
+    created_at: float
+    attempts: int
+    last_error: str | None
+    claim_token: int | None
+    claimed_by: str | None
+    claimed_until: float | None
+    sent_at: float | None
+
+    @property
+    def sent(self) -> bool:
+        return self.sent_at is not None
+
+    def age(self, now: float) -> float:
+        """Seconds since the row was written, by ``now`` (the store's clock)."""
+        return max(0.0, now - self.created_at)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxClaim:
+    """Rows a relay claimed, in the order to publish them, under ``token`` until
+    ``until`` (the store's clock, which said ``now`` when it granted the claim)."""
+
+    token: int
+    rows: tuple[OutboxRow, ...]
+    until: float
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxStats:
+    """The backlog of unsent rows (of one queue kind, or all): how many, and the
+    oldest one's age by the store's clock (0 when there is none)."""
+
+    pending: int
+    oldest_age: float
+    now: float
+
+
+def claimable(rows: Sequence[OutboxRow], kind: str, now: float, limit: int) -> list[OutboxRow]:
+    """The rows a claim at ``now`` takes (the rule of ``OutboxFlows.outbox_claim``, for a
+    store that keeps rows in Python): ``rows`` are all rows, in id order."""
+    held = {
+        r.key
+        for r in rows
+        if r.sent_at is None and r.claimed_until is not None and r.claimed_until > now
+    }
+    free = [r for r in rows if r.sent_at is None and r.kind == kind and r.key not in held]
+    return free[:limit]
+
+
+def outbox_row(values: Sequence[Any]) -> OutboxRow:
+    """An :class:`OutboxRow` from a stored row (``OUTBOX_COLUMNS`` order)."""
+    (rid, kind, task, queue, payload, options, key, created, attempts, error) = values[:10]
+    token, by, until, sent = values[10:14]
+    return OutboxRow(
+        int(rid),
+        str(kind),
+        str(task),
+        None if queue is None else str(queue),
+        str(payload),
+        json.loads(options) if isinstance(options, str | bytes) else dict(options or {}),
+        str(key),
+        float(created),
+        int(attempts),
+        None if error is None else str(error),
+        None if token is None else int(token),
+        None if by is None else str(by),
+        None if until is None else float(until),
+        None if sent is None else float(sent),
+    )
+
+
+def _utf8_size(text: str) -> int:
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(f"outbox text is not valid unicode: {exc}") from None
+
+
+def check_message(message: object) -> OutboxMessage:
+    """A message checked before anything is written (``InvalidInput`` otherwise)."""
+    if not isinstance(message, OutboxMessage):
+        raise InvalidInput(f"an outbox message is an OutboxMessage, not {type(message).__name__}")
+    if message.kind not in QUEUE_KINDS:
+        raise InvalidInput(f"outbox queue kind must be one of {QUEUE_KINDS}, not {message.kind!r}")
+    for name, text in (("task", message.task), ("key", message.key)):
+        if not isinstance(text, str) or not 0 < len(text) <= MAX_TASK_CHARS or "\x00" in text:
+            raise InvalidInput(f"outbox {name} must be 1 to {MAX_TASK_CHARS} characters")
+        _utf8_size(text)
+    if message.queue is not None:
+        check_name(message.queue, "queue")
+    if not isinstance(message.payload, str) or not message.payload:
+        raise InvalidInput("an outbox payload is a non-empty string (the intent's JSON or token)")
+    if _utf8_size(message.payload) > MAX_PAYLOAD_BYTES:
+        raise InvalidInput(f"an outbox payload is at most {MAX_PAYLOAD_BYTES} bytes")
+    if not isinstance(message.options, Mapping) or not all(
+        isinstance(k, str) for k in message.options
+    ):
+        raise InvalidInput("outbox send options are keyword arguments (a mapping of names)")
+    try:
+        text = message.options_json()
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"outbox send options must be JSON values: {exc}") from None
+    if _utf8_size(text) > MAX_OPTIONS_BYTES:
+        raise InvalidInput(f"outbox send options are at most {MAX_OPTIONS_BYTES} bytes of JSON")
+    return message
+
+
+def check_claim(
+    relay: object, kind: object, limit: object, ttl: object
+) -> tuple[str, str, int, float]:
+    """A relay's claim arguments, checked: its name, the queue kind, how many rows at
+    most, and for how long (seconds) the claim holds them."""
+    relay = check_name(relay, "relay name")
+    if kind not in QUEUE_KINDS:
+        raise InvalidInput(f"queue kind must be one of {QUEUE_KINDS}, not {kind!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CLAIM:
+        raise InvalidInput(f"a claim takes 1 to {MAX_CLAIM} rows")
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl):
+        raise InvalidInput("a claim's ttl is a number of seconds")
+    if not 0.1 <= ttl <= 86400:
+        raise InvalidInput("a claim's ttl is from 0.1 second to one day")
+    return relay, str(kind), limit, float(ttl)
+
+
+def message_from(
+    task: object, what: Any, transition: str | None, guard: Any, options: Any
+) -> OutboxMessage:
+    """The message for ``outbox.send(task, what, ...)``: the fenced task (of any of the
+    four queue integrations) encodes it, as its own ``enqueue`` would send it."""
+    spec = getattr(task, "fencing", None)
+    build = getattr(spec, "outbox_message", None)
+    if build is None:
+        raise InvalidInput(
+            "outbox.send() takes a fenced task (fenced_task, fenced_job, fenced_actor or"
+            f" fenced_function of fencing.contrib), not {type(task).__name__}"
+        )
+    return check_message(build(task, what, transition, guard=guard, options=dict(options)))

@@ -1,0 +1,130 @@
+"""SQLite's outbox (``_contract.OutboxFlows``): each operation one ``Txn`` step, so the
+claim's read and update happen under the write lock (one relay claims at a time) and a
+send through ``store.using(conn)`` is a row of the caller's transaction. Claim tokens
+come from ``fencing_outbox_claims`` (AUTOINCREMENT: never reused, even once pruned)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any, Final
+
+from ..._flow import Flow
+from ..._outbox import (
+    OUTBOX_COLUMNS,
+    OutboxClaim,
+    OutboxMessage,
+    OutboxRow,
+    OutboxStats,
+    outbox_row,
+)
+from .steps import txn
+
+__all__ = ["SQLiteOutboxFlows"]
+
+_COLUMNS: Final = ", ".join(OUTBOX_COLUMNS)
+ADD: Final = (
+    "INSERT INTO fencing_outbox (kind, task, queue, payload, options, okey, created_at)"
+    f" VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING {_COLUMNS}"
+)
+NEW_CLAIM: Final = "INSERT INTO fencing_outbox_claims (relay, claimed_at) VALUES (?, ?)"
+#: unsent rows of a kind, in id order, whose key has no unsent row under a live claim
+CLAIMABLE: Final = (
+    "SELECT o.id FROM fencing_outbox AS o WHERE o.sent_at IS NULL AND o.kind = ?"
+    " AND NOT EXISTS (SELECT 1 FROM fencing_outbox AS p WHERE p.okey = o.okey"
+    " AND p.sent_at IS NULL AND p.claimed_until > ?) ORDER BY o.id LIMIT ?"
+)
+_ONE_OF: Final = "id IN (SELECT value FROM json_each(?))"
+TAKE: Final = (
+    f"UPDATE fencing_outbox SET claim_token = ?, claimed_by = ?, claimed_until = ?"
+    f" WHERE {_ONE_OF} RETURNING {_COLUMNS}"
+)
+DONE: Final = (
+    "UPDATE fencing_outbox SET sent_at = ?, claimed_until = NULL"
+    f" WHERE claim_token = ? AND sent_at IS NULL AND {_ONE_OF}"
+)
+RELEASE: Final = (
+    "UPDATE fencing_outbox SET attempts = attempts + 1, last_error = ?, claim_token = NULL,"
+    f" claimed_by = NULL, claimed_until = NULL WHERE claim_token = ? AND sent_at IS NULL"
+    f" AND {_ONE_OF}"
+)
+LIST: Final = (
+    f"SELECT {_COLUMNS} FROM fencing_outbox WHERE sent_at IS NULL"
+    " AND (? IS NULL OR kind = ?) ORDER BY id LIMIT ?"
+)
+STATS: Final = (
+    "SELECT COUNT(*), MIN(created_at) FROM fencing_outbox WHERE sent_at IS NULL"
+    " AND (? IS NULL OR kind = ?)"
+)
+PRUNE: Final = "DELETE FROM fencing_outbox WHERE sent_at IS NOT NULL AND sent_at < ?"
+PRUNE_CLAIMS: Final = "DELETE FROM fencing_outbox_claims WHERE claimed_at < ?"
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return "[" + ",".join(str(int(i)) for i in ids) + "]"
+
+
+class SQLiteOutboxFlows:
+    """The outbox's flows for SQLite (a mixin of ``SQLiteFlows``)."""
+
+    __slots__ = ()
+
+    def outbox_add(self, message: OutboxMessage) -> Flow[OutboxRow]:
+        args = (
+            message.kind,
+            message.task,
+            message.queue,
+            message.payload,
+            message.options_json(),
+            message.key,
+        )
+
+        def body(conn: sqlite3.Connection, now: float) -> OutboxRow:
+            return outbox_row(conn.execute(ADD, (*args, now)).fetchone())
+
+        return txn(body)
+
+    def outbox_claim(self, relay: str, kind: str, limit: int, ttl: float) -> Flow[OutboxClaim]:
+        def body(conn: sqlite3.Connection, now: float) -> OutboxClaim:
+            ids = [r[0] for r in conn.execute(CLAIMABLE, (kind, now, limit))]
+            token = int(conn.execute(NEW_CLAIM, (relay, now)).lastrowid or 0)
+            until = now + ttl
+            rows = [outbox_row(r) for r in conn.execute(TAKE, (token, relay, until, _ids(ids)))]
+            rows.sort(key=lambda r: r.id)
+            return OutboxClaim(token, tuple(rows), until, now)
+
+        return txn(body)
+
+    def outbox_done(self, token: int, ids: Sequence[int]) -> Flow[int]:
+        def body(conn: sqlite3.Connection, now: float) -> int:
+            return conn.execute(DONE, (now, token, _ids(ids))).rowcount
+
+        return txn(body)
+
+    def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> Flow[int]:
+        def body(conn: sqlite3.Connection, now: float) -> int:
+            return conn.execute(RELEASE, (error, token, _ids(ids))).rowcount
+
+        return txn(body)
+
+    def outbox_list(self, kind: str | None, limit: int) -> Flow[list[OutboxRow]]:
+        def body(conn: sqlite3.Connection, now: float) -> list[OutboxRow]:
+            return [outbox_row(r) for r in conn.execute(LIST, (kind, kind, limit))]
+
+        return txn(body, write=False)
+
+    def outbox_stats(self, kind: str | None) -> Flow[OutboxStats]:
+        def body(conn: sqlite3.Connection, now: float) -> OutboxStats:
+            count, oldest = conn.execute(STATS, (kind, kind)).fetchone()
+            age = 0.0 if oldest is None else max(0.0, now - float(oldest))
+            return OutboxStats(int(count), age, now)
+
+        return txn(body, write=False)
+
+    def outbox_prune(self, older_than: float) -> Flow[int]:
+        def body(conn: sqlite3.Connection, now: float) -> int:
+            gone: Any = conn.execute(PRUNE, (now - older_than,)).rowcount
+            conn.execute(PRUNE_CLAIMS, (now - older_than,))
+            return int(gone)
+
+        return txn(body)
