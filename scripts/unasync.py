@@ -48,8 +48,7 @@ TWINS = [
     Twin(
         PACKAGE / "_aoutbox.py",
         PACKAGE / "_outbox_front.py",
-        "The synchronous outbox front: ``Outbox``.\n\n"
-        "Generated from ``_aoutbox.py``: see there.\n",
+        "The synchronous outbox front: ``Outbox``.\n\nGenerated from ``_aoutbox.py``: see there.\n",
     ),
     Twin(
         PACKAGE / "backends" / "_abase.py",

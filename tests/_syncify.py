@@ -36,6 +36,7 @@ _WRAP = (
     fencing.AsyncCollection,
     fencing.AsyncTable,
     fencing.AsyncLease,
+    fencing.AsyncOutbox,
 )
 
 

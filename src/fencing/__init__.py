@@ -7,6 +7,7 @@ the store itself checks. Start with :func:`open`.
 
 from __future__ import annotations
 
+from ._aoutbox import AsyncOutbox
 from ._astore import AsyncCollection, AsyncLease, AsyncStore, AsyncTable
 from ._effects import Effect
 from ._errors import (
@@ -32,6 +33,8 @@ from ._errors import (
 )
 from ._open import DEFAULT_RETENTION, open_async
 from ._open import open as open  # public, but not in __all__ (see below)
+from ._outbox import OutboxClaim, OutboxMessage, OutboxRow, OutboxStats
+from ._outbox_front import Outbox
 from ._policy import Drop, Recompute, Reconcile, StalePolicy
 from ._signing import Signer
 from ._store import Collection, Lease, Store, Table
@@ -59,6 +62,7 @@ __all__ = [
     "AlreadyExists",
     "AsyncCollection",
     "AsyncLease",
+    "AsyncOutbox",
     "AsyncStore",
     "AsyncTable",
     "Collection",
@@ -84,6 +88,11 @@ __all__ = [
     "LeaseLost",
     "Missing",
     "MissingDependency",
+    "Outbox",
+    "OutboxClaim",
+    "OutboxMessage",
+    "OutboxRow",
+    "OutboxStats",
     "Outcome",
     "Recompute",
     "Reconcile",
