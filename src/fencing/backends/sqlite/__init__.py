@@ -9,7 +9,8 @@ Files: ``settings`` (the URL's options), ``schema.sql`` / ``schema`` (fencing's 
 their upgrades), ``statements`` (SQL), ``operations`` (each operation as a function of a
 connection in its transaction), ``flows`` (the operations as ``Txn`` steps), ``errors``
 (``translate``), ``driver`` (the connection, its lock and transactions), ``guard`` (the
-guard trigger on a user's table).
+guard trigger on a user's table), ``bound`` / ``abound`` (``store.using``: the
+caller's ``sqlite3`` / aiosqlite connection; ``abound`` also has the async store).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._url import StoreURL
-from .._contract import ThreadedAsyncBackend
+from .abound import AsyncSQLiteBackend
 from .driver import SQLiteBackend
 from .schema import SCHEMA_VERSION
 from .settings import settings_from_url
@@ -30,6 +31,7 @@ def open_backend(url: StoreURL, **options: Any) -> SQLiteBackend:
     return SQLiteBackend(settings_from_url(url, options))
 
 
-async def open_async_backend(url: StoreURL, **options: Any) -> ThreadedAsyncBackend:
-    """The same backend for asyncio: each call runs in a worker thread."""
-    return ThreadedAsyncBackend(open_backend(url, **options))
+async def open_async_backend(url: StoreURL, **options: Any) -> AsyncSQLiteBackend:
+    """The same backend for asyncio: each call runs in a worker thread; its views
+    (``store.using``) run on the caller's aiosqlite connection."""
+    return AsyncSQLiteBackend(open_backend(url, **options))

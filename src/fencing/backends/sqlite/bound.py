@@ -20,17 +20,30 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from typing import Any
 
 from ..._borrow import Borrowed
+from ..._effects import Effect, NewEffect
 from ..._errors import ConfigurationError, InvalidInput
 from ..._flow import Flow
+from ..._request import LeaseAnswer
 from .._bound import BoundBackend
 from .errors import translate
 from .flows import Txn
 
-__all__ = ["SQLiteBoundBackend", "bind"]
+__all__ = [
+    "SQLiteBoundBackend",
+    "behind_your_lock",
+    "bind",
+    "holds_write_lock",
+    "identity",
+    "memory_refused",
+    "might_write",
+    "run_step",
+    "write_lock_free",
+]
 
 
 def bind(parent: Any, borrowed: Borrowed) -> SQLiteBoundBackend:
@@ -48,7 +61,8 @@ def _where(conn: sqlite3.Connection, now: float) -> str:
     return ""  # pragma: no cover - every connection has a main database
 
 
-def _identity() -> Flow[object]:
+def identity() -> Flow[object]:
+    """Which database file a connection reaches."""
     path: str = yield Txn(_where, begin=False)
     return f"the database file {path!r}" if path else "a private in-memory database"
 
@@ -56,50 +70,160 @@ def _identity() -> Flow[object]:
 class SQLiteBoundBackend(BoundBackend):
     """The SQLite flows on the caller's ``sqlite3`` connection, inside its transaction."""
 
+    def __init__(self, parent: Any, borrowed: Borrowed) -> None:
+        super().__init__(parent, borrowed)
+        self._thread = threading.get_ident()  # the caller's, whose connection it is
+
     def identity_flow(self) -> Flow[object]:
-        return _identity()
+        return identity()
 
     def _check(self, conn: Any) -> None:
         if self.parent.memory:
-            raise self._memory()
+            raise memory_refused()
         super()._check(conn)
 
-    def _memory(self) -> Exception:
-        return ConfigurationError(
-            "sqlite: a store on :memory: has a private database no other connection"
-            " reaches; store.using() needs a store on a database file"
-        )
-
     def _step(self, conn: sqlite3.Connection, step: Txn) -> Any:
-        try:
-            if not step.begin:
-                return step.body(conn, time.time())
-            if conn.in_transaction:
-                return _in_savepoint(conn, step)
-            return _in_new_transaction(conn, step, commit=conn.isolation_level is None)
-        except sqlite3.Error as exc:
-            raise translate(exc) from exc
+        return run_step(conn, step)
+
+    # -- leases and recorded effects: on the store's own connection ---------------------
+    def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer:
+        self._not_behind_your_lock()
+        return super().acquire(name, owner, ttl)
+
+    def renew(self, name: str, token: int, ttl: float) -> LeaseAnswer:
+        self._not_behind_your_lock()
+        return super().renew(name, token, ttl)
+
+    def release(self, name: str, token: int) -> LeaseAnswer:
+        self._not_behind_your_lock()
+        return super().release(name, token)
+
+    def record_effect(self, row: NewEffect) -> Effect:
+        self._not_behind_your_lock()
+        return super().record_effect(row)
+
+    def mark_effect(
+        self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
+    ) -> Effect | None:
+        self._not_behind_your_lock()
+        return super().mark_effect(idempotency_key, status, detail_json, reconcile)
+
+    def _not_behind_your_lock(self) -> None:
+        """Refuse, at once, a write on the store's own connection that would wait for
+        SQLite's write lock held by the caller's transaction on this very thread (it
+        would wait ``busy_timeout``, then fail: the caller cannot commit meanwhile).
+        From another thread (a lease's heartbeat) the wait is an ordinary one."""
+        if threading.get_ident() != self._thread or not might_write(self.borrowed.source):
+            return
+        if self.parent.memory or write_lock_free(self.parent.path):
+            return
+        if holds_write_lock(self.borrowed.connection()):
+            raise behind_your_lock()
+
+
+def might_write(source: object) -> bool:
+    """Whether the caller's connection or session may be in a transaction (so may hold
+    SQLite's write lock); False only when it certainly is not."""
+    state = getattr(source, "in_transaction", True)
+    try:
+        return bool(state() if callable(state) else state)
+    except Exception:  # (a closed connection, an unusual session: ask the database)
+        return True
+
+
+def write_lock_free(path: str) -> bool:
+    """Whether SQLite's write lock on the database file is free now (a connection of
+    its own tries it, without waiting)."""
+    try:
+        probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+    except sqlite3.Error:
+        return True  # (the store's own call will say what is wrong)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        probe.close()
+
+
+def holds_write_lock(conn: sqlite3.Connection) -> bool:
+    """Whether the caller's connection holds SQLite's write lock, asked in a savepoint
+    that is rolled back: a read first, so that a write lock held by another
+    connection fails the write at once (SQLite does not wait for the lock to upgrade a
+    read transaction); the write changes nothing. If the lock is free at this moment
+    (its holder just committed), the write takes it for the caller's transaction,
+    which then does hold it."""
+    if not conn.in_transaction:
+        return False
+    try:
+        conn.execute("SAVEPOINT fencing_lock")
+    except sqlite3.Error:
+        return False
+    try:
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        conn.execute("DELETE FROM fencing_leases WHERE 0")
+        return True
+    except sqlite3.Error:
+        return False
+    finally:
+        _undo(conn, "ROLLBACK TO fencing_lock", "RELEASE fencing_lock")
+
+
+def memory_refused() -> ConfigurationError:
+    return ConfigurationError(
+        "sqlite: a store on :memory: has a private database no other connection"
+        " reaches; store.using() needs a store on a database file"
+    )
+
+
+def behind_your_lock() -> ConfigurationError:
+    return ConfigurationError(
+        "sqlite: your transaction holds SQLite's write lock (it has written), and"
+        " leases and recorded effects are written on the store's own connection, which"
+        " would wait for your commit: acquire leases and record effects before your"
+        " transaction writes, or on the store itself (docs/transactions.md, SQLite)"
+    )
+
+
+def run_step(conn: sqlite3.Connection, step: Txn) -> Any:
+    """One step on the caller's connection, inside the caller's transaction (see the
+    module docstring); SQLite's errors translated."""
+    try:
+        if not step.begin:
+            return step.body(conn, time.time())
+        if conn.in_transaction:
+            return _in_savepoint(conn, step)
+        return _in_new_transaction(conn, step, commit=conn.isolation_level is None)
+    except sqlite3.Error as exc:
+        raise translate(exc) from exc
 
 
 def _in_savepoint(conn: sqlite3.Connection, step: Txn) -> Any:
-    conn.execute("SAVEPOINT fencing")
     try:
+        conn.execute("SAVEPOINT fencing")
         result = step.body(conn, time.time())
     except BaseException:
         _undo(conn, "ROLLBACK TO fencing", "RELEASE fencing")
         raise
-    conn.execute("RELEASE fencing")
+    try:
+        conn.execute("RELEASE fencing")
+    except BaseException:
+        # (interrupted after the release, the savepoint is gone: the undo finds none)
+        _undo(conn, "ROLLBACK TO fencing", "RELEASE fencing")
+        raise
     return result
 
 
 def _in_new_transaction(conn: sqlite3.Connection, step: Txn, *, commit: bool) -> Any:
-    conn.execute("BEGIN IMMEDIATE" if step.write else "BEGIN")
     try:
+        conn.execute("BEGIN IMMEDIATE" if step.write else "BEGIN")
         result = step.body(conn, time.time())
         if commit:
             conn.execute("COMMIT")
     except BaseException:
-        _undo(conn, "ROLLBACK")
+        _undo(conn, "ROLLBACK")  # (the caller was in no transaction: all of it is ours)
         raise
     return result
 
@@ -107,9 +231,9 @@ def _in_new_transaction(conn: sqlite3.Connection, step: Txn, *, commit: bool) ->
 def _undo(conn: sqlite3.Connection, *statements: str) -> None:
     """Undo a failed step (whatever interrupted it); a failure here leaves the caller's
     transaction to the caller, who sees the step's own error."""
-    try:
-        for text in statements:
+    for text in statements:
+        try:
             if conn.in_transaction:
                 conn.execute(text)
-    except sqlite3.Error:
-        pass
+        except sqlite3.Error:
+            pass
