@@ -52,12 +52,18 @@ def _sqlite_autocommit(url: str) -> sqlite3.Connection:
     return sqlite3.connect(_sqlite_path(url), timeout=30, isolation_level=None)
 
 
+async def _sqlite_aconnect(url: str) -> Any:
+    import aiosqlite
+
+    return await aiosqlite.connect(_sqlite_path(url), timeout=30)
+
+
 register_lender(
     "sqlite-file",
     Lender(
         connect=_sqlite_connect,
         connect_autocommit=_sqlite_autocommit,
-        aconnect=None,
+        aconnect=_sqlite_aconnect,
         sa_url=lambda url: f"sqlite:///{_sqlite_path(url)}",
         sa_async_url=lambda url: f"sqlite+aiosqlite:///{_sqlite_path(url)}",
     ),

@@ -26,7 +26,6 @@ from fencing import (
     Duplicate,
     Fenced,
     InvalidInput,
-    Missing,
     Stale,
     StoreClosed,
 )
@@ -307,8 +306,10 @@ def test_async_commit_rollback_and_refusal(env: Env) -> None:
             assert isinstance(await view.commit(intent, {"status": "again"}), Duplicate)
             await conn.commit()
             assert (await table.get(1)).version == 2
+            stale = await table.intent(2, "x")  # then moved on by the store itself
+            assert (await table.commit(await table.intent(2, "y"), {"status": "paid"})).committed
             assert isinstance(await view.commit(intent, {"status": "shipped"}), Duplicate)
-            assert isinstance(await view.commit(await view.intent(3, "x"), {}), Missing)
+            assert isinstance(await view.commit(stale, {"status": "x"}), Stale)
             await conn.commit()
             with pytest.raises(InvalidInput, match="synchronous connection"):
                 store.using(env.conn)
@@ -388,3 +389,46 @@ def test_the_after_commit_pattern_without_a_view_sends_a_stale_intent(env: Env) 
         assert isinstance(env.table.commit(early, {"status": "shipped"}), Stale)
     finally:
         engine.dispose()
+
+
+@ASYNC
+def test_a_sqlalchemy_async_session(env: Env) -> None:
+    pytest.importorskip("sqlalchemy")
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    assert env.lender.sa_async_url is not None
+    insert = text(f"INSERT INTO {AUDIT} (note) VALUES (:note)")
+
+    async def main() -> None:
+        store = await fencing.open_async(env.url)
+        engine = create_async_engine(
+            env.lender.sa_async_url(env.url), **env.lender.sa_options(env.url)
+        )
+        table = store.table(TABLE)
+        try:
+            intent = await table.intent(1, "ship")
+            async with AsyncSession(engine) as session:
+                await session.execute(insert, {"note": "in session"})
+                out = await store.using(session).table(TABLE).commit(intent, {"status": "shipped"})
+                assert isinstance(out, Committed)
+                await session.rollback()
+            assert (await table.get(1)).version == 1 and env.audited() == 0
+            async with AsyncSession(engine) as session:
+                await session.execute(insert, {"note": "in session"})
+                view = store.using(session).table(TABLE)
+                assert isinstance(await view.commit(intent, {"status": "shipped"}), Committed)
+                assert isinstance(await view.commit(intent, {"status": "again"}), Duplicate)
+                await session.commit()
+            assert (await table.get(1)).version == 2 and env.audited() == 1
+            async with engine.connect() as conn:  # begun for the caller, who commits
+                view = store.using(conn).table(TABLE)
+                fresh = await view.intent(2, "ship")
+                assert isinstance(await view.commit(fresh, {"status": "x"}), Committed)
+                await conn.commit()
+            assert (await table.get(2)).version == 2
+        finally:
+            await engine.dispose()
+            await store.close()
+
+    asyncio.run(main())

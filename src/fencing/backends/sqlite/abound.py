@@ -119,19 +119,27 @@ class _Cancelled(BaseException):
 
 
 class _Gate:
-    """Whether the call running a step was cancelled, seen by the step on its thread."""
+    """Whether the call running a step was cancelled, as the step sees it on aiosqlite's
+    thread: a cancellation requested of the calling task (``Task.cancelling()`` grows
+    at once, before the task wakes up to its ``CancelledError``), or seen by the call."""
 
-    __slots__ = ("cancelled",)
+    __slots__ = ("base", "cancelled", "task")
 
     def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.base = self.task.cancelling() if self.task is not None else 0
         self.cancelled = False
+
+    def closed(self) -> bool:
+        task = self.task
+        return self.cancelled or (task is not None and task.cancelling() > self.base)
 
     def guard(self, body: Callable[[sqlite3.Connection, float], Any]) -> Callable[..., Any]:
         def guarded(conn: sqlite3.Connection, now: float) -> Any:
-            if self.cancelled:
+            if self.closed():
                 raise _Cancelled
             result = body(conn, now)
-            if self.cancelled:  # finished, not yet released: roll it back instead
+            if self.closed():  # finished, not yet released: roll it back instead
                 raise _Cancelled
             return result
 
@@ -161,6 +169,8 @@ class AsyncSQLiteBoundBackend(AsyncBoundBackend):
         except asyncio.CancelledError:
             gate.cancelled = True
             raise
+        except _Cancelled:  # (its cancellation was taken back meanwhile: still undone)
+            raise asyncio.CancelledError from None
 
     # -- leases and recorded effects: on the store's own connection ---------------------
     async def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer:

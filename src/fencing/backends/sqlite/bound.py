@@ -6,9 +6,12 @@ A ``Txn`` step's body runs inside the caller's transaction:
   fencing``), released when it succeeds and rolled back to when it fails, so a failed
   step leaves the caller's own work as it was;
 * no transaction, and the connection opens them implicitly (``isolation_level`` not
-  None, the ``sqlite3`` default): the step begins one (``BEGIN IMMEDIATE`` when it
-  writes, so the write lock is taken before the check) and leaves it open; the caller
-  commits it. A failed first step rolls it back: nothing of the caller's was in it;
+  None, the ``sqlite3`` default): a step that writes begins one (``BEGIN IMMEDIATE``,
+  so the write lock is taken before the check) and leaves it open; the caller
+  commits it. A failed first step rolls it back: nothing of the caller's was in it. A
+  step that only reads ends the transaction it began, as ``sqlite3`` opens none for
+  the caller's own SELECT (left open, its snapshot would make the caller's next write
+  fail as soon as anyone else commits);
 * no transaction, autocommit (``isolation_level=None``): the caller has no transaction
   to join, and the step runs in one of its own, as on the store's connection.
 
@@ -195,7 +198,9 @@ def run_step(conn: sqlite3.Connection, step: Txn) -> Any:
             return step.body(conn, time.time())
         if conn.in_transaction:
             return _in_savepoint(conn, step)
-        return _in_new_transaction(conn, step, commit=conn.isolation_level is None)
+        # (a read ends its own: a SELECT of the caller's own would leave none open)
+        alone = conn.isolation_level is None or not step.write
+        return _in_new_transaction(conn, step, commit=alone)
     except sqlite3.Error as exc:
         raise translate(exc) from exc
 
