@@ -290,12 +290,17 @@ def _ops(view: Any, caller: Caller) -> list[Callable[[], Any]]:
 
 
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs setitimer")
-def test_signal_storm_inside_the_callers_transaction(path: str) -> None:
+@pytest.mark.parametrize("mode", ["implicit", "explicit", "autocommit"])
+def test_signal_storm_inside_the_callers_transaction(path: str, mode: str) -> None:
+    """``implicit``: sqlite3's default (a transaction opened before the caller's first
+    write); ``explicit``: ``isolation_level=None`` and the caller's own ``BEGIN``;
+    ``autocommit``: no transaction, each call its own (none may stay open)."""
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers run in the main thread")
-    rng = random.Random("using-sqlite-storm")
+    rng = random.Random(f"using-sqlite-storm-{mode}")
     with fencing.open(f"sqlite:///{path}") as store:
-        conn = sqlite3.connect(path, timeout=30)
+        level = "" if mode == "implicit" else None
+        conn = sqlite3.connect(path, timeout=30, isolation_level=level)
         caller = Caller(store, rng)
         view = store.using(conn)
         ops = _ops(view, caller)
@@ -307,9 +312,12 @@ def test_signal_storm_inside_the_callers_transaction(path: str) -> None:
         scale = Scale((time.perf_counter() - started) / 50)
         landed = calls = 0
         with _timer() as arm:
-            for _ in range(60):  # transactions of the caller
-                conn.execute(f"INSERT INTO {AUDIT} VALUES ('mine')")
-                caller.notes += 1
+            for _ in range(40):  # transactions of the caller
+                if mode == "explicit":
+                    conn.execute("BEGIN")
+                if mode != "autocommit":
+                    conn.execute(f"INSERT INTO {AUDIT} VALUES ('mine')")
+                    caller.notes += 1
                 for _ in range(20):
                     calls += 1
                     try:
@@ -328,13 +336,13 @@ def test_signal_storm_inside_the_callers_transaction(path: str) -> None:
                         landed += 1
                         scale.landed()
                     assert not _savepoint_left(conn), "fencing's savepoint left open"
-                    assert conn.in_transaction
+                    assert conn.in_transaction == (mode != "autocommit")
                     mine = conn.execute(f"SELECT COUNT(*) FROM {AUDIT}").fetchone()[0]
                     assert mine == caller.notes, "the caller's own writes were undone"
                     while caller.retry:
                         intent, state = caller.retry.pop()
                         caller.judge_retry(view.collection("c").commit(intent, state), state)
-                if rng.random() < 0.5:
+                if mode != "autocommit" and rng.random() < 0.5:
                     conn.rollback()
                     caller.notes -= 1
                     caller.keys = [k for k in caller.keys if k in caller.committed]
@@ -343,7 +351,7 @@ def test_signal_storm_inside_the_callers_transaction(path: str) -> None:
                     conn.commit()
                     caller.committed = caller.versions()
                 caller.notes = conn.execute(f"SELECT COUNT(*) FROM {AUDIT}").fetchone()[0]
-        print(f"sqlite using: {landed} of {calls} calls interrupted")
+        print(f"sqlite using ({mode}): {landed} of {calls} calls interrupted")
         assert landed >= calls // 10, "the storm hardly landed: it proves nothing"
         conn.close()
         # no transaction left open anywhere: another connection writes at once

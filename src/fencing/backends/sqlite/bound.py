@@ -162,9 +162,6 @@ def holds_write_lock(conn: sqlite3.Connection) -> bool:
         return False
     try:
         conn.execute("SAVEPOINT fencing_lock")
-    except sqlite3.Error:
-        return False
-    try:
         conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
         conn.execute("DELETE FROM fencing_leases WHERE 0")
         return True
