@@ -183,6 +183,46 @@ def test_a_lease_or_effect_behind_your_own_write_lock_is_refused_at_once(path: s
         conn.close()
 
 
+def test_a_session_behind_its_own_write_lock_is_refused(path: str) -> None:
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    from sqlalchemy.orm import Session
+
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    try:
+        with fencing.open(f"sqlite:///{path}") as store, Session(engine) as session:
+            view = store.using(session)
+            lease = view.acquire("job", owner="a", ttl=60)  # nothing written yet
+            session.execute(sqlalchemy.text(f"INSERT INTO {AUDIT} VALUES ('mine')"))
+            with pytest.raises(ConfigurationError, match="holds SQLite's write lock"):
+                lease.release()
+            intent = view.collection("c").intent("k", "pay")
+            assert isinstance(view.collection("c").commit(intent, {"n": 1}), Committed)
+            session.commit()
+            lease.release()
+            assert store.collection("c").get("k").version == 2
+    finally:
+        engine.dispose()
+
+
+def test_from_another_thread_a_lease_waits_for_your_commit(path: str) -> None:
+    """A heartbeat renews from its own thread: it waits for the caller's commit, which
+    the caller's thread is free to make, instead of being refused."""
+    with fencing.open(f"sqlite:///{path}") as store:
+        conn = sqlite3.connect(path, timeout=30)
+        view = store.using(conn)
+        lease = view.acquire("job", owner="a", ttl=60)
+        conn.execute(f"INSERT INTO {AUDIT} VALUES ('mine')")
+        answers: list[object] = []
+        renewer = threading.Thread(target=lambda: answers.append(lease.renew()))
+        renewer.start()
+        time.sleep(0.1)  # (not a timing assertion: the renewal may start before or after)
+        conn.commit()
+        renewer.join()
+        assert len(answers) == 1
+        lease.release()
+        conn.close()
+
+
 def test_a_read_only_transaction_or_another_writer_is_waited_for(path: str) -> None:
     with fencing.open(f"sqlite:///{path}") as store:
         conn = sqlite3.connect(path, timeout=30, isolation_level=None)
