@@ -1,6 +1,7 @@
-"""Bound views under concurrency: 8 threads, each in its own application transaction,
-churn hot keys through ``store.using(conn)`` (create/get/commit/delete, batches,
-guarded table commits, fenced commits under short leases), judged linearizable.
+"""Bound views under concurrency: 8 threads (and 8 asyncio tasks), each in its own
+application transaction, churn hot keys through ``store.using(conn)``
+(create/get/commit/delete, batches, guarded table commits, fenced commits under short
+leases), judged linearizable.
 
 Each data operation runs in a transaction of the thread's own connection: the view's
 call, then the caller's COMMIT, both inside the recorded interval (so the COMMIT, where
@@ -13,6 +14,7 @@ Leases go through the view to the store's own connections, as ``using`` promises
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from pathlib import Path
@@ -25,13 +27,16 @@ from fencing import TransientStoreError
 from fencing.testing import HistoryWriter, check_linearizable, read_lin_file
 
 from ._lenders import LENDERS
-from ._lin_churn import UNKNOWN, Call, SyncDriver, plan
+from ._lin_churn import UNKNOWN, AsyncDriver, Call, SyncDriver, plan
 from .test_linearizability import _config, _judge, _prepare, _verdict
 
 pytestmark = pytest.mark.backends(only=lambda name: name in LENDERS)
 THREADS = 8
 JOIN = 300.0  # a bound on waiting for workers, never a timing assertion
 DATA = {"get", "create", "delete", "commit", "commit_many"}
+
+
+ASYNC = pytest.mark.backends(only=lambda name: name in LENDERS and LENDERS[name].aconnect)
 
 
 class RolledBack(Exception):
@@ -152,3 +157,87 @@ def _churn(backend_name: str, store_url: str, path: Path, seed: int) -> list[TxD
         store.close()
     assert not errors, errors
     return drivers
+
+
+class AsyncTxDriver(AsyncDriver):
+    """``TxDriver`` for the async API: each task its own asyncio connection."""
+
+    def __init__(self, store: Any, conn: Any, seed: int, *args: Any) -> None:
+        super().__init__(store, *args)
+        self.base = store
+        self.conn = conn
+        self.random = random.Random(seed)
+        self.rolled_back = 0
+
+    async def call(self, call: Call) -> Any:
+        if call.op not in DATA:
+            return await super().call(call)
+        args = self.args(call)
+        t0 = self.clock()
+        try:
+            value = await self._in_transaction(call)
+        except RolledBack:
+            self.rolled_back += 1
+            return UNKNOWN
+        except TransientStoreError:
+            self.write(call, args, UNKNOWN, t0, None)
+            return UNKNOWN
+        t1 = self.clock()
+        result = self.result(call, value)
+        self.write(call, args, result, t0, t1)
+        return result
+
+    async def _in_transaction(self, call: Call) -> Any:
+        self.store = self.base.using(self.conn)
+        try:
+            value = await self._do(call)
+        except BaseException:
+            await self.conn.rollback()
+            raise
+        finally:
+            self.store = self.base
+        if self.random.random() < 0.2:
+            await self.conn.rollback()
+            raise RolledBack
+        try:
+            await self.conn.commit()
+        except Exception as exc:
+            raise TransientStoreError(f"COMMIT failed: {exc}") from exc
+        return value
+
+
+@ASYNC
+def test_async_transactions_through_bound_views_are_linearizable(
+    backend_name: str, store_url: str, tmp_path: Path
+) -> None:
+    config = _config(backend_name, seed=12)
+    path = tmp_path / "history.jsonl"
+    aconnect = LENDERS[backend_name].aconnect
+    assert aconnect is not None
+    drivers: list[AsyncTxDriver] = []
+
+    async def main() -> None:
+        store = await fencing.open_async(store_url)
+        conns: list[Any] = []
+        try:
+            _prepare(store, backend_name, config, path)
+            sink = HistoryWriter(path)
+            for i in range(THREADS):
+                conns.append(await aconnect(store_url))
+                drivers.append(
+                    AsyncTxDriver(
+                        store, conns[-1], 200 + i, sink, "p0", f"a{i}", config.batch_atomic
+                    )
+                )
+            await asyncio.gather(*(d.run(plan(config, d.thread)) for d in drivers))
+            sink.close()
+        finally:
+            for conn in conns:
+                closing = conn.close()
+                if asyncio.iscoroutine(closing):
+                    await closing
+            await store.close()
+
+    asyncio.run(main())
+    assert sum(d.rolled_back for d in drivers) > 0
+    _verdict(_judge(backend_name + "-using-async", path), path)
