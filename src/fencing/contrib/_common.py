@@ -45,12 +45,14 @@ this module re-exports what the integrations import.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Callable
 from typing import Any, Final
 
 from .._astore import AsyncStore
-from .._errors import ConfigurationError, InvalidIntent
+from .._errors import ConfigurationError, InvalidInput, InvalidIntent
+from .._outbox import OutboxMessage, OutboxRow, check_message
 from .._policy import Drop, StalePolicy, check_policy
 from .._signing import Signer
 from .._store import Store
@@ -74,6 +76,8 @@ __all__ = [
     "current_intent",
     "current_target",
     "effect",
+    "outbox_key",
+    "publish_id",
     "record_lease_name",
 ]
 
@@ -81,8 +85,27 @@ __all__ = [
 #: store it may be a coroutine function.
 Decision = Callable[[Record], Any]
 OutcomeHook = Callable[[TaskReport], Any]
+#: How an integration names its task for the outbox: ``route(task, options)`` returns
+#: the queue kind, the task's publish name, its queue (None: the default) and the send
+#: options to store (JSON values), refusing options its queue does not take.
+OutboxRoute = Callable[[Any, dict[str, Any]], tuple[str, str, str | None, dict[str, Any]]]
 
 MAX_RETRIES_LIMIT: Final = 1000
+
+
+def outbox_key(intent: Intent) -> str:
+    """The ordering key of an outbox row: the record the intent is about
+    (``collection:orders:o-1``); a relay publishes one key's rows in order."""
+    return f"{intent.kind}:{intent.collection}:{intent.key}"
+
+
+def publish_id(row: OutboxRow) -> str:
+    """A message/job id for an outbox row, the same on every publish of that row: a
+    queue that de-duplicates by id (arq) drops a re-publish after a relay crash; on
+    the others it names the row in the broker (the worker's ``Duplicate`` is the
+    guarantee either way). The payload's hash keeps rows of two stores apart."""
+    digest = hashlib.sha256(row.payload.encode("utf-8")).hexdigest()[:16]
+    return f"fencing-outbox-{row.id}-{digest}"
 
 
 def _as_intent(what: object, transition: str | None, guard: Any) -> Intent:
@@ -118,6 +141,7 @@ class FencedTask:
         "name",
         "on_outcome",
         "on_stale",
+        "outbox_route",
         "retry_on",
         "signer",
     )
@@ -166,6 +190,8 @@ class FencedTask:
         self.backoff = backoff if backoff is not None else Backoff()
         self.retry_on = retry_on
         self.on_outcome = on_outcome
+        #: set by the queue integration (``fenced_task``, ``fenced_job``, ...)
+        self.outbox_route: OutboxRoute | None = None
 
     def __repr__(self) -> str:
         return f"<FencedTask {self.name!r}>"
@@ -190,6 +216,27 @@ class FencedTask:
         """
         intent = self.intent_for(what, transition, guard=guard)
         return self.signer.sign(intent) if self.signer is not None else intent.to_json()
+
+    def outbox_message(
+        self,
+        task: object,
+        what: Record | Intent,
+        transition: str | None = None,
+        *,
+        guard: Any = None,
+        options: dict[str, Any] | None = None,
+    ) -> OutboxMessage:
+        """The outbox row ``store.outbox.send(task, what, ...)`` writes: the payload
+        :meth:`encode` gives (signed with a signer), the task's publish name and queue,
+        the record's ordering key, and the send options (JSON values, checked before
+        anything is written)."""
+        route = self.outbox_route
+        if route is None:
+            raise InvalidInput(f"fenced task {self.name!r} was not made by a queue integration")
+        kind, name, queue, opts = route(task, dict(options or {}))
+        intent = self.intent_for(what, transition, guard=guard)
+        payload = self.signer.sign(intent) if self.signer is not None else intent.to_json()
+        return check_message(OutboxMessage(kind, name, payload, outbox_key(intent), queue, opts))
 
     def decode(self, payload: object) -> Intent:
         """The intent in a payload; ``InvalidIntent`` if malformed, unsigned or tampered."""

@@ -29,6 +29,13 @@ arq keeps a job in its queue until it finishes; a worker killed mid-job leaves a
 plus 10 s (arq's ``in_progress_timeout_s``, not a setting), after which any worker
 runs the job again (``job_try`` + 1): a redelivery that reports
 ``Duplicate`` if the commit had landed.
+
+Through the transactional outbox: ``store.using(conn).outbox.send(ship, record, "ship",
+_defer_by=5)`` writes the job in your transaction (options: ``_queue_name``,
+``_defer_by`` and ``_expires`` in seconds). An async relay (``fencing relay URL --queue
+arq --app shop:redis_settings``, or ``AsyncRelay(store, publisher(pool))``) enqueues it
+with ``enqueue_job`` once committed, under a ``_job_id`` derived from the row: arq
+drops a re-publish after a relay crash while the job or its result is kept.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ConfigurationError, MissingDependency
+from .._errors import ConfigurationError, InvalidInput, MissingDependency
+from .._outbox import OutboxRow
 from .._values import Intent, Record
 from ._common import (
     Action,
@@ -52,10 +60,11 @@ from ._common import (
     current_intent,
     current_target,
     effect,
+    publish_id,
 )
 
 try:
-    from arq.connections import ArqRedis
+    from arq.connections import ArqRedis, RedisSettings, create_pool
     from arq.jobs import Job
     from arq.worker import Function, Retry
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the extra
@@ -68,6 +77,7 @@ if TYPE_CHECKING:
     from .._signing import Signer
 
 __all__ = [
+    "ArqPublisher",
     "Backoff",
     "FencedFunction",
     "LeaseSpec",
@@ -78,7 +88,11 @@ __all__ = [
     "effect",
     "enqueue_intent",
     "fenced_function",
+    "publisher",
 ]
+
+#: ``enqueue_job`` options an outbox row may carry
+OUTBOX_OPTIONS = frozenset({"_queue_name", "_defer_by", "_expires"})
 
 
 @dataclass
@@ -140,6 +154,7 @@ def fenced_function(
         job.__qualname__ = qualname
         job.__module__ = decide.__module__
         job.__doc__ = decide.__doc__
+        spec.outbox_route = _outbox_route
         return FencedFunction(
             name=spec.name,
             coroutine=job,
@@ -174,3 +189,62 @@ async def enqueue_intent(
         raise ConfigurationError("enqueue_intent needs a function made by @fenced_function")
     payload = spec.encode(what, transition, guard=guard)
     return await redis.enqueue_job(function.name, payload, **enqueue_options)
+
+
+def _outbox_route(
+    function: Any, options: dict[str, Any]
+) -> tuple[str, str, str | None, dict[str, Any]]:
+    unknown = set(options) - OUTBOX_OPTIONS
+    if unknown:
+        raise InvalidInput(
+            f"arq outbox options are {sorted(OUTBOX_OPTIONS)}; not {sorted(unknown)}"
+        )
+    for name in ("_defer_by", "_expires"):
+        value = options.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value < 0
+        ):
+            raise InvalidInput(f"{name} is a non-negative number of seconds")
+    queue = options.get("_queue_name")
+    if queue is not None and not isinstance(queue, str):
+        raise InvalidInput("_queue_name is a queue name (a string)")
+    return "arq", str(function.name), queue, options
+
+
+class ArqPublisher:
+    """Enqueues outbox rows of arq functions with ``enqueue_job`` (the async relay's
+    side), under a ``_job_id`` derived from the row: a job id arq still knows is not
+    enqueued again (``enqueue_job`` answers None), which counts as published."""
+
+    kind = "arq"
+
+    def __init__(self, redis: ArqRedis | RedisSettings) -> None:
+        self._settings = redis if isinstance(redis, RedisSettings) else None
+        self._pool: ArqRedis | None = None if isinstance(redis, RedisSettings) else redis
+        self._own = self._pool is None
+
+    def __repr__(self) -> str:
+        return "<ArqPublisher>"
+
+    async def pool(self) -> ArqRedis:
+        if self._pool is None:
+            assert self._settings is not None
+            # one try: the relay's own backoff retries a broker that is down
+            self._pool = await create_pool(self._settings, retry=0)
+        return self._pool
+
+    async def publish(self, row: OutboxRow) -> None:
+        pool = await self.pool()
+        await pool.enqueue_job(row.task, row.payload, _job_id=publish_id(row), **row.options)
+
+    async def close(self) -> None:
+        if self._own and self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.aclose()
+
+
+def publisher(redis: ArqRedis | RedisSettings) -> ArqPublisher:
+    """The relay's publisher for arq: an ``ArqRedis`` pool (``create_pool``'s; its
+    ``default_queue_name`` for rows without ``_queue_name``), or ``RedisSettings``
+    (the publisher opens its pool and closes it with the relay)."""
+    return ArqPublisher(redis)

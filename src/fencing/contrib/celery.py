@@ -21,6 +21,11 @@ payload, and fails the task once the retries are used up; an unsigned, tampered 
 malformed message (any ``InvalidInput``) is refused with ``Reject(requeue=False)``;
 an exception of ``decide`` fails the task.
 
+Through the transactional outbox: ``store.using(conn).outbox.send(ship, record, "ship",
+countdown=5)`` writes the message in your transaction; a relay (``fencing relay URL
+--queue celery --app shop:app``, or ``Relay(store, publisher(app))``) sends it with
+``app.send_task(task.name, args=(payload,), task_id=..., **options)`` once committed.
+
 Defaults: ``acks_late=True`` and ``reject_on_worker_lost=True``, so a worker killed
 after the commit and before the ack has its message redelivered, and the
 redelivery reports ``Duplicate``. Pass them as options to change them.
@@ -31,7 +36,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from .._errors import MissingDependency
+from .._errors import InvalidInput, MissingDependency
+from .._outbox import OutboxRow
 from .._values import Intent, Record
 from ._common import (
     Action,
@@ -46,6 +52,7 @@ from ._common import (
     current_intent,
     current_target,
     effect,
+    publish_id,
 )
 
 try:
@@ -62,6 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Backoff",
+    "CeleryPublisher",
     "FencedCeleryTask",
     "LeaseSpec",
     "TaskReport",
@@ -70,7 +78,11 @@ __all__ = [
     "current_target",
     "effect",
     "fenced_task",
+    "publisher",
 ]
+
+#: ``apply_async`` options the relay sets itself.
+_RELAY_SETS = frozenset({"task_id", "args", "kwargs"})
 
 
 class FencedCeleryTask(Task):  # type: ignore[misc]  # celery ships no type hints
@@ -99,6 +111,48 @@ class FencedCeleryTask(Task):  # type: ignore[misc]  # celery ships no type hint
     def delay_intent(self, intent: Intent) -> Any:
         """``enqueue(intent)`` with no options."""
         return self.enqueue(intent)
+
+
+def _outbox_route(
+    task: Any, options: dict[str, Any]
+) -> tuple[str, str, str | None, dict[str, Any]]:
+    clash = _RELAY_SETS & set(options)
+    if clash:
+        raise InvalidInput(f"the relay sets {sorted(clash)} itself")
+    queue = options.get("queue", getattr(task, "queue", None))
+    if queue is not None and not isinstance(queue, str):
+        raise InvalidInput("an outbox message's Celery queue is a queue name (a string)")
+    if queue is not None:
+        options["queue"] = queue
+    return "celery", str(task.name), queue, options
+
+
+class CeleryPublisher:
+    """Sends outbox rows of Celery tasks through ``app.send_task`` (the relay's side).
+
+    The message is the one ``task.enqueue`` sends: the payload as its one argument, the
+    stored options (``countdown``, ``queue``, ...), and a ``task_id`` derived from the
+    row (:func:`~fencing.contrib._common.publish_id`), the same on a re-publish.
+    """
+
+    kind = "celery"
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def __repr__(self) -> str:
+        return f"<CeleryPublisher {self.app.main!r}>"
+
+    def publish(self, row: OutboxRow) -> None:
+        self.app.send_task(row.task, args=(row.payload,), task_id=publish_id(row), **row.options)
+
+    def close(self) -> None:
+        pass
+
+
+def publisher(app: Celery) -> CeleryPublisher:
+    """The relay's publisher for Celery: rows sent with ``app.send_task``."""
+    return CeleryPublisher(app)
 
 
 def _body(spec: FencedTask) -> Callable[[Any, str], dict[str, Any]]:
@@ -157,6 +211,7 @@ def fenced_task(
             retry_on=retry_on,
             on_outcome=on_outcome,
         )
+        spec.outbox_route = _outbox_route
         run = _body(spec)
         run.__name__ = decide.__name__
         run.__qualname__ = getattr(decide, "__qualname__", decide.__name__)

@@ -26,6 +26,13 @@ connection drops; the Redis broker moves it back to the queue once the dead
 worker's heartbeat is older than ``heartbeat_timeout``. The redelivery reports
 ``Duplicate``. Add the ``CurrentMessage`` middleware to number attempts in logs and
 reports (without it every run counts as attempt 1).
+
+Through the transactional outbox: ``store.using(conn).outbox.send(ship, record, "ship",
+delay=5000)`` writes the message in your transaction (options: ``delay`` in
+milliseconds, and the message options ``time_limit`` and ``max_age``). A relay
+(``fencing relay URL --queue dramatiq --app shop:broker``, or ``Relay(store,
+publisher(broker))``) sends ``Message(queue, actor_name, (payload,))`` with
+``broker.enqueue`` once committed; its ``message_id`` is derived from the row.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._errors import InvalidInput, MissingDependency
+from .._outbox import OutboxRow
 from .._values import Intent, Record
 from ._common import (
     Action,
@@ -48,6 +56,7 @@ from ._common import (
     current_intent,
     current_target,
     effect,
+    publish_id,
 )
 
 try:
@@ -66,6 +75,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Backoff",
+    "DramatiqPublisher",
     "FencedActor",
     "LeaseSpec",
     "TaskReport",
@@ -74,7 +84,11 @@ __all__ = [
     "current_target",
     "effect",
     "fenced_actor",
+    "publisher",
 ]
+
+#: message options an outbox row may carry, besides ``delay`` (milliseconds)
+OUTBOX_OPTIONS = frozenset({"time_limit", "max_age"})
 
 
 class FencedActor(dramatiq.Actor[[str], dict[str, Any]]):
@@ -181,6 +195,56 @@ def fenced_actor(
         actor = make(run)
         assert isinstance(actor, FencedActor)
         actor.fencing = spec
+        spec.outbox_route = _outbox_route
         return actor
 
     return decorate
+
+
+def _outbox_route(
+    actor: Any, options: dict[str, Any]
+) -> tuple[str, str, str | None, dict[str, Any]]:
+    unknown = set(options) - OUTBOX_OPTIONS - {"delay"}
+    if unknown:
+        raise InvalidInput(
+            f"Dramatiq outbox options are delay and {sorted(OUTBOX_OPTIONS)}; not {sorted(unknown)}"
+        )
+    delay = options.get("delay")
+    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int) or delay < 0):
+        raise InvalidInput("delay is a non-negative number of milliseconds")
+    return "dramatiq", str(actor.actor_name), str(actor.queue_name), options
+
+
+class DramatiqPublisher:
+    """Sends outbox rows of Dramatiq actors with ``broker.enqueue`` (the relay's side):
+    ``Message(queue_name, actor_name, args=(payload,))`` with the stored options and a
+    ``message_id`` derived from the row; ``delay`` as ``broker.enqueue``'s."""
+
+    kind = "dramatiq"
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def __repr__(self) -> str:
+        return f"<DramatiqPublisher {type(self.broker).__name__}>"
+
+    def publish(self, row: OutboxRow) -> None:
+        options = dict(row.options)
+        delay = options.pop("delay", None)
+        message: Message[Any] = Message(
+            queue_name=row.queue or "default",
+            actor_name=row.task,
+            args=(row.payload,),
+            kwargs={},
+            options=options,
+            message_id=publish_id(row),
+        )
+        self.broker.enqueue(message, delay=delay)
+
+    def close(self) -> None:
+        pass
+
+
+def publisher(broker: Broker | None = None) -> DramatiqPublisher:
+    """The relay's publisher for Dramatiq: ``broker`` (default: the global broker)."""
+    return DramatiqPublisher(broker if broker is not None else get_broker())

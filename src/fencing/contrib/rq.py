@@ -27,6 +27,14 @@ each outcome:
 ``enqueue_intent`` enqueues with ``retry=Retry(max=crash_retries)``: that is how RQ
 re-runs a job whose work horse was killed (SIGKILL, OOM) or that a dead worker
 abandoned; the re-run reports ``Duplicate`` if the commit had landed.
+
+Through the transactional outbox: ``store.using(conn).outbox.send(ship, record, "ship",
+queue="orders", job_timeout=60)`` writes the job in your transaction (``queue`` is the
+queue's name, default the publisher's; ``crash_retries`` as above; the other options
+are ``Queue.enqueue``'s: ``job_timeout``, ``result_ttl``, ``ttl``, ``failure_ttl``,
+``description``, ``at_front``, ``meta``). A relay (``fencing relay URL --queue rq --app
+shop:redis``, or ``Relay(store, publisher(redis))``) enqueues it by its import path,
+with a ``job_id`` derived from the row, once committed.
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from .._errors import ConfigurationError, MissingDependency
+from .._errors import ConfigurationError, InvalidInput, MissingDependency
+from .._outbox import OutboxRow
 from .._values import Intent, Record
 from ._common import (
     Action,
@@ -51,9 +60,11 @@ from ._common import (
     current_intent,
     current_target,
     effect,
+    publish_id,
 )
 
 try:
+    from redis import Redis
     from rq import Queue, Retry, get_current_job
     from rq.job import Job
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the extra
@@ -69,6 +80,7 @@ __all__ = [
     "Backoff",
     "FencedJob",
     "LeaseSpec",
+    "RQPublisher",
     "TaskReport",
     "aeffect",
     "current_intent",
@@ -76,7 +88,13 @@ __all__ = [
     "effect",
     "enqueue_intent",
     "fenced_job",
+    "publisher",
 ]
+
+#: ``Queue.enqueue`` options an outbox row may carry (besides ``queue``, ``crash_retries``).
+OUTBOX_OPTIONS = frozenset(
+    {"job_timeout", "result_ttl", "ttl", "failure_ttl", "description", "at_front", "meta"}
+)
 
 
 class FencedJob(Protocol):
@@ -148,6 +166,7 @@ def fenced_job(
         job.__doc__ = decide.__doc__
         fenced = cast(FencedJob, job)
         fenced.fencing = spec
+        spec.outbox_route = _outbox_route
         return fenced
 
     return decorate
@@ -185,8 +204,74 @@ def enqueue_intent(
     if not isinstance(spec, FencedTask):
         raise ConfigurationError("enqueue_intent needs a job made by @fenced_job")
     _check_importable(job)
-    if isinstance(crash_retries, bool) or not isinstance(crash_retries, int) or crash_retries < 0:
-        raise ConfigurationError("crash_retries must be a non-negative integer")
+    _check_crash_retries(crash_retries)
     payload = spec.encode(what, transition, guard=guard)
     retry = Retry(max=crash_retries) if crash_retries else None
     return queue.enqueue(job, payload, retry=retry, **enqueue_options)
+
+
+def _check_crash_retries(crash_retries: object) -> int:
+    if isinstance(crash_retries, bool) or not isinstance(crash_retries, int) or crash_retries < 0:
+        raise ConfigurationError("crash_retries must be a non-negative integer")
+    return crash_retries
+
+
+def _outbox_route(job: Any, options: dict[str, Any]) -> tuple[str, str, str | None, dict[str, Any]]:
+    _check_importable(job)
+    queue = options.pop("queue", None)
+    if queue is not None and not isinstance(queue, str):
+        raise InvalidInput("an outbox message's RQ queue is a queue name (a string)")
+    try:
+        options["crash_retries"] = _check_crash_retries(options.get("crash_retries", 3))
+    except ConfigurationError as exc:
+        raise InvalidInput(str(exc)) from None
+    unknown = set(options) - OUTBOX_OPTIONS - {"crash_retries"}
+    if unknown:
+        raise InvalidInput(
+            f"RQ outbox options are queue, crash_retries and {sorted(OUTBOX_OPTIONS)};"
+            f" not {sorted(unknown)}"
+        )
+    return "rq", f"{job.__module__}.{job.__qualname__}", queue, options
+
+
+class RQPublisher:
+    """Enqueues outbox rows of RQ jobs by their import path (the relay's side): the
+    payload as the one argument, ``retry=Retry(max=crash_retries)``, the stored
+    ``Queue.enqueue`` options, and a ``job_id`` derived from the row."""
+
+    kind = "rq"
+
+    def __init__(self, connection: Redis, default_queue: str = "default") -> None:
+        self.connection = connection
+        self.default_queue = default_queue
+        self._queues: dict[str, Queue] = {}
+
+    def __repr__(self) -> str:
+        return f"<RQPublisher default queue {self.default_queue!r}>"
+
+    def _queue(self, name: str | None) -> Queue:
+        name = name or self.default_queue
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = Queue(name, connection=self.connection)
+        return queue
+
+    def publish(self, row: OutboxRow) -> None:
+        options = dict(row.options)
+        retries = _check_crash_retries(options.pop("crash_retries", 3))
+        retry = Retry(max=retries) if retries else None
+        self._queue(row.queue).enqueue(
+            row.task, row.payload, retry=retry, job_id=publish_id(row), **options
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def publisher(connection: Redis | Queue, default_queue: str | None = None) -> RQPublisher:
+    """The relay's publisher for RQ: a Redis connection (rows go to their ``queue``, or
+    ``default_queue``, default "default"), or an RQ ``Queue`` (its connection; its name
+    is the default queue)."""
+    if isinstance(connection, Queue):
+        return RQPublisher(connection.connection, default_queue or connection.name)
+    return RQPublisher(connection, default_queue or "default")
