@@ -1,4 +1,5 @@
-"""The ``fencing`` command line: demo, check, bench, reconcile, migrate, inspect.
+"""The ``fencing`` command line: demo, check, bench, reconcile, relay, outbox, migrate,
+inspect.
 
 Each subcommand lives in its own module and is imported only when run; the
 ``cli`` extra brings rich for tables and progress bars.
@@ -74,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
             "reconcile",
             "fencing._reconcile",
             "list effects of stale or fenced intents not yet reconciled; --mark KEY",
+        ),
+        (
+            "relay",
+            "fencing.contrib._cli_relay",
+            "publish committed outbox rows through a queue's own client (docs/outbox.md)",
+        ),
+        (
+            "outbox",
+            "fencing.contrib._cli_outbox",
+            "list pending outbox rows with their age; --fail-if-older SECONDS for a monitor",
         ),
     ]
     for name, module, help_text in commands:

@@ -1,0 +1,252 @@
+"""``fencing relay URL --queue celery|rq|dramatiq|arq --app module:attr``: run a relay.
+
+``--app`` names the object the queue's publisher sends with, imported from the
+current directory like Celery's ``-A``:
+
+- celery: a ``Celery`` app (its configured broker; task routes and queues as usual);
+- rq: a ``redis.Redis`` connection, or an RQ ``Queue`` (its connection; its name is
+  the queue of rows sent without ``queue=``);
+- dramatiq: a ``Broker`` (import the module that declares the actors, so its queues
+  are declared on RabbitMQ);
+- arq: ``RedisSettings`` (the relay opens its own pool), or a zero-argument function
+  returning ``RedisSettings`` or an ``ArqRedis`` pool (awaited if it is a coroutine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import inspect
+import os
+import signal
+import sys
+from typing import Any
+
+from .._errors import ConfigurationError
+from .._outbox import QUEUE_KINDS
+
+__all__ = ["add_arguments", "load_app", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db (the outbox's store)")
+    parser.add_argument(
+        "--queue",
+        required=True,
+        choices=QUEUE_KINDS,
+        help="the task queue whose rows this relay publishes",
+    )
+    parser.add_argument(
+        "--app",
+        required=True,
+        metavar="MODULE:ATTR",
+        help="what to publish with: a Celery app, an RQ Redis connection or Queue, a Dramatiq"
+        " broker, arq RedisSettings (or a function returning settings or a pool)",
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="drain the outbox and exit (cron, tests)"
+    )
+    parser.add_argument("--batch", type=int, default=100, metavar="N", help="rows per claim (100)")
+    parser.add_argument(
+        "--poll",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds an idle relay waits before claiming again (1.0)",
+    )
+    parser.add_argument(
+        "--ttl",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a claim holds its rows; another relay takes them after (30)",
+    )
+    parser.add_argument(
+        "--name", default=None, help="this relay's name in claims and logs (<host>:<pid>)"
+    )
+    parser.add_argument(
+        "--retention",
+        type=float,
+        default=7 * 86400.0,
+        metavar="S",
+        help="prune rows sent more than this many seconds ago (7 days)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress line, only the final counts"
+    )
+
+
+def load_app(spec: str) -> Any:
+    """The object named by ``module:attr`` (``module.attr`` also accepted), importing
+    from the current directory."""
+    module, sep, attr = spec.partition(":")
+    if not sep:
+        module, _, attr = spec.rpartition(".")
+    if not module or not attr:
+        raise ConfigurationError(f"--app is module:attr, not {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: Any = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigurationError(f"--app: cannot import {module!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise ConfigurationError(f"--app: {module!r} has no {attr!r}") from None
+    return found
+
+
+def _publisher(kind: str, app: Any) -> Any:
+    if kind == "celery":
+        from .celery import publisher as celery_publisher
+
+        return celery_publisher(app)
+    if kind == "rq":
+        from .rq import publisher as rq_publisher
+
+        return rq_publisher(app)
+    if kind == "dramatiq":
+        from .dramatiq import publisher as dramatiq_publisher
+
+        return dramatiq_publisher(app)
+    raise AssertionError(kind)  # pragma: no cover
+
+
+class _Progress:
+    """A rich progress line while draining (a plain line per batch without rich)."""
+
+    def __init__(self, backlog: int, quiet: bool) -> None:
+        self.quiet = quiet
+        self.bar: Any = None
+        self.task: Any = None
+        if quiet:
+            return
+        try:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+        except ModuleNotFoundError:
+            return
+        self.bar = Progress(
+            TextColumn("relaying"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            transient=False,
+        )
+        self.task = self.bar.add_task("relay", total=max(backlog, 1), detail="")
+        self.bar.start()
+
+    def update(self, counts: Any, totals: Any) -> None:
+        if self.quiet:
+            return
+        detail = f"failed {totals.failed}" if totals.failed else ""
+        if self.bar is None:
+            print(f"published {totals.published}, failed {totals.failed}", file=sys.stderr)
+            return
+        total = self.bar.tasks[0].total or 1
+        self.bar.update(
+            self.task, completed=totals.published, total=max(total, totals.published), detail=detail
+        )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _summary(totals: Any, backlog: Any) -> str:
+    return (
+        f"published {totals.published} row(s), marked {totals.marked}, failed {totals.failed},"
+        f" held back {totals.held}; {backlog.pending} pending (oldest {backlog.oldest_age:.1f}s)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    app = load_app(args.app)
+    if args.queue == "arq":
+        return asyncio.run(_run_async(args, app))
+    import fencing
+
+    from .relay import Relay
+
+    with fencing.open(args.url) as store:
+        relay = Relay(
+            store,
+            _publisher(args.queue, app),
+            name=args.name,
+            batch=args.batch,
+            poll=args.poll,
+            ttl=args.ttl,
+            retention=args.retention,
+        )
+        progress = _Progress(relay.backlog().pending, args.quiet or not args.once)
+        relay.on_batch = progress.update
+        try:
+            if args.once:
+                totals = relay.run_once()
+            else:
+                signal.signal(signal.SIGTERM, lambda *_: relay.stop())
+                try:
+                    totals = relay.run()
+                except KeyboardInterrupt:
+                    totals = relay.counts
+        finally:
+            progress.close()
+            relay.close()
+        backlog = relay.backlog()
+    print(_summary(totals, backlog))
+    return 1 if args.once and totals.failed else 0
+
+
+async def _arq_publisher(app: Any) -> Any:
+    from .arq import publisher as arq_publisher
+
+    if callable(app) and not isinstance(app, type) and not hasattr(app, "host"):
+        app = app()
+        if inspect.isawaitable(app):
+            app = await app
+    return arq_publisher(app)
+
+
+async def _run_async(args: argparse.Namespace, app: Any) -> int:
+    import fencing
+
+    from .relay import AsyncRelay
+
+    store = await fencing.open_async(args.url)
+    try:
+        relay = AsyncRelay(
+            store,
+            await _arq_publisher(app),
+            name=args.name,
+            batch=args.batch,
+            poll=args.poll,
+            ttl=args.ttl,
+            retention=args.retention,
+        )
+        progress = _Progress((await relay.backlog()).pending, args.quiet or not args.once)
+        relay.on_batch = progress.update
+        try:
+            if args.once:
+                totals = await relay.run_once()
+            else:
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, relay.stop)
+                totals = await relay.run()
+        finally:
+            progress.close()
+            await relay.close()
+        backlog = await relay.backlog()
+    finally:
+        await store.close()
+    print(_summary(totals, backlog))
+    return 1 if args.once and totals.failed else 0
