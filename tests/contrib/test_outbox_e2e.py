@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 import fencing
+from fencing.contrib.relay import OutboxRow
 
 from .._backends import require_server
 from ._e2e import AMQP_HOST, AMQP_PORT, HARNESSES, REDIS_HOST, REDIS_PORT, REPO, Harness, kill
@@ -92,7 +93,7 @@ def drain(h: Harness, timeout: float = 30.0) -> None:
             time.sleep(0.3)
 
 
-def business(h: Harness, key: str, *, commit: bool) -> fencing.OutboxRow:
+def business(h: Harness, key: str, *, commit: bool) -> OutboxRow:
     """The application's transaction: its own write and the outbox row, on its own
     ``sqlite3`` connection."""
     conn = sqlite3.connect(h.store_path, timeout=30)
@@ -111,7 +112,7 @@ def business(h: Harness, key: str, *, commit: bool) -> fencing.OutboxRow:
         conn.close()
 
 
-def root_of(h: Harness, row: fencing.OutboxRow) -> str:
+def root_of(h: Harness, row: OutboxRow) -> str:
     from .apps import _shared
 
     return _shared.SIGNER.verify(row.payload).root_id

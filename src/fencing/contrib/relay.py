@@ -49,7 +49,7 @@ from typing import Any, Protocol, runtime_checkable
 from .._astore import AsyncStore
 from .._errors import ConfigurationError
 from .._flow import adrive, drive
-from .._outbox import OutboxRow, OutboxStats
+from .._outbox import OutboxClaim, OutboxMessage, OutboxRow, OutboxStats
 from .._store import Store
 from ._options import Backoff
 from ._relayflow import (
@@ -76,6 +76,10 @@ __all__ = [
     "AsyncWaker",
     "Backoff",
     "BatchCounts",
+    "OutboxClaim",
+    "OutboxMessage",
+    "OutboxRow",
+    "OutboxStats",
     "PollWaker",
     "Publisher",
     "Relay",

@@ -1,0 +1,384 @@
+"""The relay's flow and the integrations' outbox messages, on the memory store and a SQLite
+file, with recording publishers (the real brokers are tests/contrib/test_outbox_e2e.py
+and test_relay_concurrency.py).
+
+What they prove: rows are published in id order and marked; a failure stops only its
+key (its later rows are held back, given back, and published in order next time); a
+broker that is down is retried with backoff until every row is out, none dropped; a
+relay paused past its claim's deadline, whose rows another relay took, marks nothing
+and publishes nothing more; the sync and async relays run the same flow; each
+integration writes the payload its own enqueue sends and refuses what its queue
+cannot carry before anything is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fencing
+from fencing import InvalidInput
+from fencing._cli import main
+from fencing.contrib._common import publish_id
+from fencing.contrib.relay import AsyncRelay, Backoff, OutboxRow, Relay
+
+celery = pytest.importorskip("celery")
+
+from fencing.contrib.celery import fenced_task  # noqa: E402
+
+
+class Recorder:
+    """A publisher that records what it sent; ``fail(row)`` decides a failure."""
+
+    kind = "celery"
+
+    def __init__(self, fail: Any = None) -> None:
+        self.sent: list[OutboxRow] = []
+        self.calls = 0
+        self.fail = fail
+        self.lock = threading.Lock()
+
+    def publish(self, row: OutboxRow) -> None:
+        with self.lock:
+            self.calls += 1
+            if self.fail is not None and self.fail(row, self.calls):
+                raise ConnectionError(f"broker down at call {self.calls}")
+            self.sent.append(row)
+
+    def close(self) -> None:
+        pass
+
+
+class World:
+    def __init__(self, store: fencing.Store) -> None:
+        self.store = store
+        self.orders = store.collection("orders")
+        self.app = celery.Celery("relay-tests", broker="memory://", set_as_current=False)
+        self.ship = fenced_task(self.app, target=self.orders, name="ship")(_ship)
+
+    def send(self, keys: int, per_key: int) -> list[OutboxRow]:
+        records = [self.orders.create(f"o-{k}", {"n": 0}) for k in range(keys)]
+        return [
+            self.store.outbox.send(self.ship, record, f"t{i}")
+            for i in range(per_key)
+            for record in records
+        ]
+
+
+def _ship(record: fencing.Record) -> dict[str, Any]:
+    return {**record.state, "shipped": True}
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    store = fencing.open("memory://")
+    try:
+        yield World(store)
+    finally:
+        store.close()
+
+
+def per_key(rows: list[OutboxRow]) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = defaultdict(list)
+    for row in rows:
+        found[row.key].append(row.id)
+    return found
+
+
+def in_order(rows: list[OutboxRow]) -> bool:
+    return all(ids == sorted(ids) for ids in per_key(rows).values())
+
+
+def test_run_once_publishes_in_order_and_marks(world: World) -> None:
+    rows = world.send(keys=3, per_key=5)
+    pub = Recorder()
+    relay = Relay(world.store, pub, batch=4, mark_every=2)
+    counts = relay.run_once()
+    assert [r.id for r in pub.sent] == [r.id for r in rows]
+    assert counts.published == counts.marked == 15 and counts.failed == counts.lost == 0
+    assert relay.backlog().pending == 0
+    assert relay.run_once().claimed == 0
+    # the payload is the one the task's own enqueue sends, the key the record's
+    intent = world.ship.fencing.decode(pub.sent[0].payload)
+    assert (intent.collection, intent.key, intent.transition) == ("orders", "o-0", "t0")
+    assert pub.sent[0].key == "collection:orders:o-0"
+
+
+def test_a_failure_stops_its_key_only(world: World) -> None:
+    rows = world.send(keys=3, per_key=4)
+    bad = rows[3].id  # the second row of key o-0
+    pub = Recorder(fail=lambda row, n: row.id == bad and n < 5)
+    relay = Relay(world.store, pub, batch=100)
+    first = relay.run_once()
+    # the first batch: o-0 stopped at its failed row, its later rows held back; the
+    # others published; the drain went on and published o-0's rows in order
+    assert first.failed == 1 and first.held == 2
+    assert sorted(r.id for r in pub.sent) == sorted(r.id for r in rows)
+    assert len(pub.sent) == len(rows) and in_order(pub.sent)
+    assert relay.backlog().pending == 0
+
+
+def test_failed_rows_keep_their_error_and_attempts(world: World) -> None:
+    world.send(keys=1, per_key=2)
+    relay = Relay(world.store, Recorder(fail=lambda row, n: True), max_failures=5)
+    counts = relay.run_once()
+    assert (counts.published, counts.failed, counts.held) == (0, 1, 1)
+    first, second = world.store.outbox.pending()
+    assert first.attempts == 1 and first.last_error is not None
+    assert first.last_error.startswith("ConnectionError: broker down")
+    assert second.attempts == 1 and second.last_error is not None
+    assert second.last_error.startswith("held back")
+    assert first.claim_token is None and second.claim_token is None  # given back
+
+
+def test_broker_down_backs_off_and_drops_nothing(world: World) -> None:
+    rows = world.send(keys=20, per_key=5)
+    down = threading.Event()
+    down.set()
+    pub = Recorder(fail=lambda row, n: down.is_set())
+    batches: list[int] = []
+    relay = Relay(
+        world.store,
+        pub,
+        batch=10,
+        poll=0.01,
+        max_failures=3,
+        backoff=Backoff(0.01, 0.05),
+        on_batch=lambda counts, totals: batches.append(counts.failed),
+    )
+    runner = threading.Thread(target=relay.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while sum(1 for b in batches if b) < 5:  # failed batches, backing off
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not pub.sent
+        down.clear()  # the broker is back
+        while relay.backlog().pending:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        relay.stop()
+        runner.join(10)
+    assert not runner.is_alive()
+    assert sorted(r.id for r in pub.sent) == [r.id for r in rows]  # each once, none lost
+    assert in_order(pub.sent)
+    assert all(b <= 3 for b in batches)  # a batch stops after max_failures in a row
+
+
+def test_a_paused_relay_whose_claim_was_taken_marks_nothing(world: World) -> None:
+    """Relay A publishes its first row and pauses (inside publish) past its claim's
+    deadline; relay B claims the rows and publishes them all. A, resumed, publishes
+    nothing more, and its mark and give-back name a claim no longer its own: no row
+    changes."""
+    rows = world.send(keys=2, per_key=3)
+    paused, resume = threading.Event(), threading.Event()
+
+    class Pausing(Recorder):
+        def publish(self, row: OutboxRow) -> None:
+            super().publish(row)
+            if len(self.sent) == 1:
+                paused.set()
+                resume.wait(10)
+
+    a_pub, b_pub = Pausing(), Recorder()
+    a = Relay(world.store, a_pub, name="relay-a", ttl=0.2, batch=100)
+    b = Relay(world.store, b_pub, name="relay-b", ttl=30, batch=100)
+    result: dict[str, Any] = {}
+    runner = threading.Thread(target=lambda: result.update(a=a.run_once()))
+    runner.start()
+    try:
+        assert paused.wait(10)
+        assert b.run_once().claimed == 0  # A's claim is live: nothing for B yet
+        time.sleep(0.3)  # A's claim lapses
+        taken = b.run_once()
+        assert taken.published == taken.marked == len(rows)
+        sent = {r.id: r.sent_at for r in _all_rows(world)}
+    finally:
+        resume.set()
+        runner.join(10)
+    a_counts = result["a"]
+    assert [r.id for r in a_pub.sent] == [rows[0].id]  # nothing after the pause
+    assert (a_counts.published, a_counts.marked, a_counts.lost) == (1, 0, 1)
+    assert {r.id: r.sent_at for r in _all_rows(world)} == sent  # A changed nothing
+    assert [r.id for r in b_pub.sent] == [r.id for r in rows]
+
+
+def _all_rows(world: World) -> list[OutboxRow]:
+    """Every row, sent ones included (the memory backend's own dict)."""
+    backend: Any = world.store._live()
+    return list(backend._outbox.values())
+
+
+def test_the_async_relay_runs_the_same_flow() -> None:
+    async def go() -> None:
+        store = await fencing.open_async("memory://")
+        orders = store.collection("orders")
+        app = celery.Celery("relay-tests", broker="memory://", set_as_current=False)
+        ship = fenced_task(app, target=orders, name="ship")(_ship)
+        sent: list[OutboxRow] = []
+
+        class AsyncRecorder:
+            kind = "celery"
+
+            async def publish(self, row: OutboxRow) -> None:
+                await asyncio.sleep(0)
+                sent.append(row)
+
+            async def close(self) -> None:
+                pass
+
+        record = await orders.create("o-1", {})
+        rows = [await store.outbox.send(ship, record, f"t{i}") for i in range(7)]
+        relay = AsyncRelay(store, AsyncRecorder(), batch=3)
+        counts = await relay.run_once()
+        assert counts.published == counts.marked == 7
+        assert [r.id for r in sent] == [r.id for r in rows]
+        assert (await relay.backlog()).pending == 0
+        await relay.close()
+        await store.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"batch": 0},
+        {"batch": True},
+        {"ttl": 0.01},
+        {"poll": float("nan")},
+        {"mark_every": 0},
+        {"name": "no spaces"},
+        {"retention": -1},
+    ],
+)
+def test_relay_settings_are_checked(world: World, bad: dict[str, Any]) -> None:
+    with pytest.raises(InvalidInput):
+        Relay(world.store, Recorder(), **bad)
+
+
+def test_a_relay_needs_a_publisher_and_its_store(world: World) -> None:
+    with pytest.raises(fencing.ConfigurationError):
+        Relay(world.store, object())  # type: ignore[arg-type]
+    with pytest.raises(fencing.ConfigurationError):
+        AsyncRelay(world.store, Recorder())  # type: ignore[arg-type]
+
+
+# -- the integrations' outbox messages -------------------------------------------------------
+def test_celery_message_options(world: World) -> None:
+    record = world.orders.create("o-1", {})
+    row = world.store.outbox.send(world.ship, record, "ship", countdown=5, queue="orders")
+    assert (row.kind, row.task, row.queue) == ("celery", "ship", "orders")
+    assert row.options == {"countdown": 5, "queue": "orders"}
+    for bad in ({"eta": datetime.now()}, {"task_id": "x"}, {"countdown": object()}):
+        with pytest.raises(InvalidInput):
+            world.store.outbox.send(world.ship, record, "ship", **bad)
+    with pytest.raises(InvalidInput, match="fenced task"):
+        world.store.outbox.send(object(), record, "ship")
+    assert world.store.outbox.stats().pending == 1  # nothing refused was written
+
+
+def test_signed_payload_is_what_enqueue_sends(world: World) -> None:
+    signer = fencing.Signer(keys={"k": b"a-test-key-of-enough-length-0123"}, current="k")
+    task = fenced_task(world.app, target=world.orders, name="signed", signer=signer)(_ship)
+    record = world.orders.create("o-1", {})
+    row = world.store.outbox.send(task, record, "ship")
+    intent = signer.verify(row.payload)
+    assert (intent.key, intent.expected_version) == ("o-1", record.version)
+    with pytest.raises(fencing.InvalidIntent):
+        fencing.Intent.from_json(row.payload)  # a token, not bare JSON
+
+
+def test_rq_message_options(world: World) -> None:
+    pytest.importorskip("rq")
+    from .apps import rq_app
+
+    record = world.orders.create("o-1", {})
+    row = world.store.outbox.send(rq_app.mark, record, "ship", queue="q1", job_timeout=30)
+    assert (row.kind, row.task, row.queue) == ("rq", "tests.contrib.apps.rq_app.mark", "q1")
+    assert row.options == {"crash_retries": 3, "job_timeout": 30}
+    for bad in ({"job_id": "x"}, {"crash_retries": -1}, {"depends_on": "j"}):
+        with pytest.raises(InvalidInput):
+            world.store.outbox.send(rq_app.mark, record, "ship", **bad)
+
+
+def test_dramatiq_message_options(world: World) -> None:
+    dramatiq = pytest.importorskip("dramatiq")
+    from dramatiq.brokers.stub import StubBroker
+
+    from fencing.contrib.dramatiq import fenced_actor
+
+    broker = StubBroker()
+    actor = fenced_actor(target=world.orders, broker=broker, queue_name="q2")(_ship)
+    record = world.orders.create("o-1", {})
+    row = world.store.outbox.send(actor, record, "ship", delay=1500)
+    assert (row.kind, row.task, row.queue, row.options) == (
+        "dramatiq",
+        "_ship",
+        "q2",
+        {"delay": 1500},
+    )
+    for bad in ({"delay": 1.5}, {"priority": 3}):
+        with pytest.raises(InvalidInput):
+            world.store.outbox.send(actor, record, "ship", **bad)
+    # the publisher sends the message the actor's own send would
+    from fencing.contrib.dramatiq import publisher
+
+    publisher(broker).publish(row)
+    (message,) = broker.queues["q2.DQ"].queue
+    decoded = dramatiq.Message.decode(message)
+    assert decoded.actor_name == "_ship" and decoded.args == (row.payload,)
+    assert decoded.message_id == publish_id(row)
+
+
+def test_arq_message_options(world: World) -> None:
+    pytest.importorskip("arq")
+    from fencing.contrib.arq import fenced_function
+
+    function = fenced_function(target=world.orders, name="ship_fn")(_ship)
+    record = world.orders.create("o-1", {})
+    row = world.store.outbox.send(function, record, "ship", _defer_by=2, _queue_name="q3")
+    assert (row.kind, row.task, row.queue) == ("arq", "ship_fn", "q3")
+    for bad in ({"_job_id": "x"}, {"_defer_by": -1}, {"_queue_name": 3}):
+        with pytest.raises(InvalidInput):
+            world.store.outbox.send(function, record, "ship", **bad)
+
+
+def test_publish_id_is_the_rows_own(world: World) -> None:
+    rows = world.send(keys=1, per_key=2)
+    again = world.store.outbox.pending()
+    assert publish_id(rows[0]) == publish_id(again[0]) != publish_id(rows[1])
+
+
+# -- fencing outbox ----------------------------------------------------------------------------
+def test_outbox_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    with fencing.open(url) as store:
+        w = World(store)
+        assert main(["outbox", url, "--fail-if-older", "0"]) == 0  # nothing pending
+        assert "no pending outbox row" in capsys.readouterr().out
+        w.send(keys=2, per_key=2)
+        time.sleep(0.05)
+        assert main(["outbox", url, "--json", "--fail-if-older", "0.01"]) == 1
+        lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        assert [x["key"] for x in lines[:-1]] == [
+            "collection:orders:o-0",
+            "collection:orders:o-1",
+        ] * 2
+        assert lines[-1]["pending"] == 4 and lines[-1]["oldest_age"] > 0
+        assert main(["outbox", url, "--fail-if-older", "3600"]) == 0
+        assert "4 pending outbox row(s)" in capsys.readouterr().out
+        Relay(store, Recorder()).run_once()
+        assert main(["outbox", url, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == {"oldest_age": 0.0, "pending": 0}
