@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 
-import fencing
 from fencing.contrib.relay import OutboxRow
 
 from .._backends import require_server
