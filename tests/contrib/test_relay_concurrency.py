@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
