@@ -382,3 +382,33 @@ def test_outbox_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         Relay(store, Recorder()).run_once()
         assert main(["outbox", url, "--json"]) == 0
         assert json.loads(capsys.readouterr().out) == {"oldest_age": 0.0, "pending": 0}
+
+
+# -- fencing relay ---------------------------------------------------------------------------
+#: The Celery app ``fencing relay --app tests.contrib.test_relay:APP`` publishes with
+#: (Celery's in-memory transport: the messages stay in this process).
+APP = celery.Celery("relay-cli", broker="memory://", set_as_current=False)
+DOWN = celery.Celery("relay-cli-down", broker="redis://127.0.0.1:1/0", set_as_current=False)
+
+
+def test_relay_command_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    with fencing.open(url) as store:
+        World(store).send(keys=3, per_key=2)
+    argv = ["relay", url, "--queue", "celery", "--once", "--name", "cli-relay"]
+    # nothing listens on port 1: every publish fails, the rows stay
+    assert main([*argv, "--app", "tests.contrib.test_relay:DOWN", "--quiet"]) == 1
+    assert "published 0 row(s)" in capsys.readouterr().out
+    assert main([*argv, "--app", "tests.contrib.test_relay:APP"]) == 0
+    out = capsys.readouterr().out
+    assert "published 6 row(s), marked 6" in out and "0 pending" in out
+    with fencing.open(url) as store:
+        assert store.outbox.stats().pending == 0
+
+
+def test_relay_command_refuses_a_bad_app(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["relay", "memory://", "--queue", "celery", "--once"]
+    assert main([*argv, "--app", "no_such_module_here:app"]) == 2
+    assert "cannot import" in capsys.readouterr().err
+    assert main([*argv, "--app", "tests.contrib.test_relay:NOTHING"]) == 2
+    assert "has no" in capsys.readouterr().err

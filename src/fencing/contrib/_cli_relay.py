@@ -75,6 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quiet", action="store_true", help="no progress line, only the final counts"
     )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="warning",
+        help="log level of the fencing.relay logger on stderr (info: one line per publish)",
+    )
 
 
 def load_app(spec: str) -> Any:
@@ -169,7 +175,20 @@ def _summary(totals: Any, backlog: Any) -> str:
     )
 
 
+def _logging(level: str) -> None:
+    import logging
+
+    log = logging.getLogger("fencing.relay")
+    log.setLevel(level.upper())
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+
+
 def run(args: argparse.Namespace) -> int:
+    _logging(args.log_level)
     app = load_app(args.app)
     if args.queue == "arq":
         return asyncio.run(_run_async(args, app))
