@@ -38,6 +38,7 @@ written, so the publish latency is no longer bounded below by ``poll``.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import contextlib
 import os
 import socket
@@ -250,7 +251,7 @@ class Relay(_RelayBase):
             raise ConfigurationError(
                 f"Relay takes a sync Store (AsyncRelay an AsyncStore), not {type(store).__name__}"
             )
-        if isinstance(publisher, AsyncPublisher) and asyncio.iscoroutinefunction(publisher.publish):
+        if isinstance(publisher, AsyncPublisher) and inspect.iscoroutinefunction(publisher.publish):
             raise ConfigurationError("this publisher is async: use AsyncRelay")
         options: dict[str, Any] = {
             "batch": batch,
@@ -371,7 +372,7 @@ class AsyncRelay(_RelayBase):
         self.store = store
         self.waker: AsyncWaker = waker if waker is not None else AsyncPollWaker()
         self._stopped = asyncio.Event()
-        self._async_publish = asyncio.iscoroutinefunction(publisher.publish)
+        self._async_publish = inspect.iscoroutinefunction(publisher.publish)
 
     async def _publish(self, row: OutboxRow) -> None:
         if self._async_publish:
