@@ -38,8 +38,8 @@ written, so the publish latency is no longer bounded below by ``poll``.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import contextlib
+import inspect
 import os
 import socket
 import threading
