@@ -184,6 +184,7 @@ def test_relays_drain_10000_rows_exactly_once_in_key_order(
     logs = [(s.root / f"relay{n}.log").read_text() for n in range(relays)]
     assert all(p.returncode == 0 for p in procs), logs
     shares = [int(log.rsplit("published ", 1)[1].split(" ")[0]) for log in logs]
+    print(f"{relays} relays published {shares}")
     assert sum(shares) == ROWS, shares  # each row published once, by one relay
     client = redis.Redis.from_url(s.broker)
     try:
