@@ -251,6 +251,47 @@ def test_the_async_relay_runs_the_same_flow() -> None:
     asyncio.run(go())
 
 
+def test_an_idle_relay_waits_through_its_waker(world: World) -> None:
+    """The seam a notifying store plugs into: an idle relay waits through ``waker``
+    (``wait(poll)``), a wake-up makes it claim at once, and ``stop()`` wakes it."""
+    waits: list[float] = []
+    woken = threading.Event()
+
+    class Waker:
+        def wait(self, timeout: float) -> None:
+            waits.append(timeout)
+            woken.wait(timeout)
+            woken.clear()
+
+        def wake(self) -> None:
+            woken.set()
+
+        def close(self) -> None:
+            pass
+
+    pub = Recorder()
+    relay = Relay(world.store, pub, poll=60.0, waker=Waker())
+    runner = threading.Thread(target=relay.run)
+    runner.start()
+    try:
+        _until(lambda: waits)  # idle: waiting up to 60 s
+        world.send(keys=1, per_key=1)
+        relay.waker.wake()  # "a row was written" (what a LISTEN waker would say)
+        _until(lambda: len(pub.sent) == 1)
+    finally:
+        relay.stop()
+        runner.join(10)
+    assert not runner.is_alive()  # stop() woke the 60 s wait
+    assert set(waits) == {60.0}
+
+
+def _until(check: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -73,7 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prune rows sent more than this many seconds ago (7 days)",
     )
     parser.add_argument(
-        "--quiet", action="store_true", help="no progress line, only the final counts"
+        "--quiet",
+        action="store_true",
+        help="no progress line (shown on stderr with --once, and on a terminal), only the"
+        " final counts",
     )
     parser.add_argument(
         "--log-level",
@@ -122,15 +125,18 @@ def _publisher(kind: str, app: Any) -> Any:
 
 
 class _Progress:
-    """A rich progress line while draining (a plain line per batch without rich)."""
+    """A rich progress line on stderr: with ``--once``, the drain against the backlog it
+    started with; in loop mode (on a terminal), the rows relayed so far. Without rich, a
+    plain line per batch (``--once`` only)."""
 
-    def __init__(self, backlog: int, quiet: bool) -> None:
-        self.quiet = quiet
+    def __init__(self, backlog: int | None, enabled: bool) -> None:
+        self.enabled = enabled
         self.bar: Any = None
         self.task: Any = None
-        if quiet:
+        if not enabled:
             return
         try:
+            from rich.console import Console
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -146,26 +152,33 @@ class _Progress:
             MofNCompleteColumn(),
             TextColumn("{task.fields[detail]}"),
             TimeElapsedColumn(),
-            transient=False,
+            console=Console(stderr=True),
         )
-        self.task = self.bar.add_task("relay", total=max(backlog, 1), detail="")
+        total = None if backlog is None else max(backlog, 1)
+        self.task = self.bar.add_task("relay", total=total, detail="")
         self.bar.start()
 
     def update(self, counts: Any, totals: Any) -> None:
-        if self.quiet:
+        if not self.enabled:
             return
         detail = f"failed {totals.failed}" if totals.failed else ""
         if self.bar is None:
             print(f"published {totals.published}, failed {totals.failed}", file=sys.stderr)
             return
-        total = self.bar.tasks[0].total or 1
-        self.bar.update(
-            self.task, completed=totals.published, total=max(total, totals.published), detail=detail
-        )
+        total = self.bar.tasks[0].total
+        if total is not None:
+            total = max(total, totals.published)
+        self.bar.update(self.task, completed=totals.published, total=total, detail=detail)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _progress(args: argparse.Namespace, backlog: int) -> _Progress:
+    if args.once:
+        return _Progress(backlog, not args.quiet)
+    return _Progress(None, not args.quiet and sys.stderr.isatty())
 
 
 def _summary(totals: Any, backlog: Any) -> str:
@@ -206,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
             ttl=args.ttl,
             retention=args.retention,
         )
-        progress = _Progress(relay.backlog().pending, args.quiet or not args.once)
+        progress = _progress(args, relay.backlog().pending)
         relay.on_batch = progress.update
         try:
             if args.once:
@@ -251,7 +264,7 @@ async def _run_async(args: argparse.Namespace, app: Any) -> int:
             ttl=args.ttl,
             retention=args.retention,
         )
-        progress = _Progress((await relay.backlog()).pending, args.quiet or not args.once)
+        progress = _progress(args, (await relay.backlog()).pending)
         relay.on_batch = progress.update
         try:
             if args.once:
