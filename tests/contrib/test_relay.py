@@ -113,6 +113,15 @@ def test_run_once_publishes_in_order_and_marks(world: World) -> None:
     assert pub.sent[0].key == "collection:orders:o-0"
 
 
+def test_sent_rows_are_pruned_after_the_retention(world: World) -> None:
+    world.send(keys=2, per_key=2)
+    relay = Relay(world.store, Recorder(), retention=3600)
+    assert relay.run_once().pruned == 0  # sent now: kept for an hour
+    assert len(_all_rows(world)) == 4
+    assert Relay(world.store, Recorder(), retention=0).run_once().pruned == 4
+    assert _all_rows(world) == []
+
+
 def test_a_failure_stops_its_key_only(world: World) -> None:
     rows = world.send(keys=3, per_key=4)
     bad = rows[3].id  # the second row of key o-0

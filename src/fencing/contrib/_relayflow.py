@@ -320,8 +320,10 @@ def batch(cfg: RelayConfig, counts: BatchCounts) -> Flow:
 
 # -- the loops -------------------------------------------------------------------------------
 def drain(cfg: RelayConfig, totals: RelayCounts, on_batch: Any = None) -> Flow:
-    """Batches until a claim finds nothing, or a batch publishes nothing (the broker is
-    down, or every row left is another live relay's); returns ``totals``."""
+    """Prune sent rows past the retention, then batches until a claim finds nothing, or
+    a batch publishes nothing (the broker is down, or every row left is another live
+    relay's); returns ``totals``."""
+    totals.pruned += int((yield Prune()))
     while True:
         counts = BatchCounts()
         yield from batch(cfg, counts)
