@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import fencing
 
 from ._backends import Case, register, require_server
+from ._lenders import Lender, register_lender
 from ._syncify import Loop, Syncified
 
 BASE_URL = os.environ.get("FENCING_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
@@ -196,3 +197,48 @@ def traced(pgconn: Any) -> Iterator[list[Traffic]]:
     kinds = Counter(parts[2] for parts in sent)
     named = sum(1 for p in sent if p[2] == "Parse" and not p[3].startswith(' ""'))
     found.append(Traffic(kinds["Execute"] + kinds["Query"], kinds["Sync"] + kinds["Query"], named))
+
+
+# -- store.using(): connections lent by the caller (tests/test_using.py) ----------------------
+def _lend_options(url: str) -> str:
+    """libpq options putting the URL's schema first on the search path, as the store's
+    own connections have it (so a table name resolves the same on both)."""
+    return f"-c search_path={schema_of(url)},public"
+
+
+def _lend_conninfo(url: str) -> str:
+    from fencing._url import StoreURL
+    from fencing.backends.postgres.settings import settings_from_url
+
+    plain = urlunsplit(urlsplit(url)._replace(query=""))
+    return settings_from_url(StoreURL.parse(plain), {}).conninfo
+
+
+def _lend(url: str, *, autocommit: bool = False) -> Any:
+    import psycopg
+
+    return psycopg.connect(_lend_conninfo(url), autocommit=autocommit, options=_lend_options(url))
+
+
+async def _alend(url: str) -> Any:
+    import psycopg
+
+    return await psycopg.AsyncConnection.connect(_lend_conninfo(url), options=_lend_options(url))
+
+
+def _sa_url(url: str, driver: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(scheme=f"postgresql+{driver}", query=""))
+
+
+register_lender(
+    "postgresql",
+    Lender(
+        connect=_lend,
+        connect_autocommit=lambda url: _lend(url, autocommit=True),
+        aconnect=_alend,
+        sa_url=lambda url: _sa_url(url, "psycopg"),
+        sa_async_url=lambda url: _sa_url(url, "psycopg_async"),
+        sa_options=lambda url: {"connect_args": {"options": _lend_options(url)}},
+    ),
+)

@@ -24,16 +24,18 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
+from ..._borrow import Borrowed
 from ..._errors import ConfigurationError, FencingError, TransientStoreError
 from .._abase import AsyncFlowBackend
 from .._base import FlowBackend
 from .._contract import AsyncBackend, Backend, Flows
 from .._pool import Pool
+from . import bound
 from .errors import CONFIG_STATES, CONFIG_TEXT, translate
 from .flows import PostgresFlows
 from .settings import Settings
 from .statements import SEARCH_PATH, qualified
-from .steps import Answer, Query, Step
+from .steps import Answer, Query, Step, answer, has_rows
 
 __all__ = ["AsyncPostgresBackend", "PostgresBackend"]
 
@@ -70,22 +72,6 @@ class _Postgres:
                 f"postgresql: {where} refused the URL's database or credentials: {text}"
             )
         return TransientStoreError(f"postgresql: cannot connect to {where}: {text}")
-
-
-def _has_rows(cursor: Any) -> bool:
-    """Whether the cursor's statement returned a result set (``SELECT``, ``RETURNING``)."""
-    result = cursor.pgresult
-    return result is not None and bool(result.nfields)
-
-
-def _answer(query: Query, cursor: Any, rows: list[tuple[Any, ...]]) -> Answer:
-    """The step's answer; column names only when the flow needs them (building
-    ``cursor.description`` costs more than the rest of the answer)."""
-    names: tuple[str, ...] = ()
-    if query.names:
-        result = cursor.pgresult
-        names = tuple(bytes(result.fname(i)).decode() for i in range(result.nfields))
-    return Answer(names, rows, cursor.rowcount)
 
 
 def _close(conn: psycopg.Connection[Any]) -> None:
@@ -153,6 +139,11 @@ class PostgresBackend(_Postgres, FlowBackend):
             raise error  # not chained: see _unreachable
         pool.put(slot)
 
+    def bind(self, borrowed: Borrowed) -> bound.PostgresBoundBackend:
+        """The store's flows on the caller's psycopg connection (``store.using``)."""
+        found: bound.PostgresBoundBackend = bound.bind(self, borrowed)
+        return found
+
     def _run(self, step: Step) -> Answer | list[Answer]:
         pool = self.pool
         try:
@@ -183,11 +174,11 @@ class PostgresBackend(_Postgres, FlowBackend):
         schema = self.settings.schema
         if isinstance(step, Query):
             cur = conn.execute(qualified(step.text, schema), step.params)
-            return _answer(step, cur, cur.fetchall() if _has_rows(cur) else [])
+            return answer(step, cur, cur.fetchall() if has_rows(cur) else [])
         with conn.pipeline():
             curs = [conn.execute(qualified(q.text, schema), q.params) for q in step.queries]
         return [
-            _answer(q, c, c.fetchall() if _has_rows(c) else [])
+            answer(q, c, c.fetchall() if has_rows(c) else [])
             for q, c in zip(step.queries, curs, strict=True)
         ]
 
@@ -230,6 +221,11 @@ class AsyncPostgresBackend(_Postgres, AsyncFlowBackend):
             raise error  # not chained: see _unreachable
         await self.pool.open(wait=False)
 
+    def bind(self, borrowed: Borrowed) -> bound.AsyncPostgresBoundBackend:
+        """The store's flows on the caller's psycopg ``AsyncConnection`` (``store.using``)."""
+        found: bound.AsyncPostgresBoundBackend = bound.bind(self, borrowed)
+        return found
+
     async def _run(self, step: Step) -> Answer | list[Answer]:
         try:
             # psycopg_pool gives a connection it handed to a cancelled waiter back itself.
@@ -256,11 +252,11 @@ class AsyncPostgresBackend(_Postgres, AsyncFlowBackend):
         schema = self.settings.schema
         if isinstance(step, Query):
             cur = await conn.execute(qualified(step.text, schema), step.params)
-            return _answer(step, cur, await cur.fetchall() if _has_rows(cur) else [])
+            return answer(step, cur, await cur.fetchall() if has_rows(cur) else [])
         async with conn.pipeline():
             curs = [await conn.execute(qualified(q.text, schema), q.params) for q in step.queries]
         return [
-            _answer(q, c, await c.fetchall() if _has_rows(c) else [])
+            answer(q, c, await c.fetchall() if has_rows(c) else [])
             for q, c in zip(step.queries, curs, strict=True)
         ]
 

@@ -10,7 +10,7 @@ from typing import Any, TypeAlias
 from ..._flow import Flow
 from .errors import Disconnected
 
-__all__ = ["Answer", "Pipeline", "Query", "Step", "read_only"]
+__all__ = ["Answer", "Pipeline", "Query", "Step", "answer", "has_rows", "read_only"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,22 @@ class Answer:
 #: A flow yields steps, receives an ``Answer`` (``list[Answer]`` for a ``Pipeline``), may
 #: receive a translated error thrown back in, and returns the operation's result.
 Step: TypeAlias = Query | Pipeline
+
+
+def has_rows(cursor: Any) -> bool:
+    """Whether a psycopg cursor's statement returned a result set (``SELECT``, ``RETURNING``)."""
+    result = cursor.pgresult
+    return result is not None and bool(result.nfields)
+
+
+def answer(query: Query, cursor: Any, rows: list[tuple[Any, ...]]) -> Answer:
+    """A statement's answer from its psycopg cursor; column names only when the flow
+    needs them (building ``cursor.description`` costs more than the rest of the answer)."""
+    names: tuple[str, ...] = ()
+    if query.names:
+        result = cursor.pgresult
+        names = tuple(bytes(result.fname(i)).decode() for i in range(result.nfields))
+    return Answer(names, rows, cursor.rowcount)
 
 
 def read_only(query: Query) -> Flow[Answer]:
