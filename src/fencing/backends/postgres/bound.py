@@ -30,7 +30,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import psycopg
 from psycopg import generators
@@ -119,6 +119,44 @@ def _failed(exc: Exception, why: str | None) -> FencingError:
     if why is not None:
         _noted(error, why)
     return error
+
+
+def _busy(conn: Any) -> bool:
+    """Whether an exception left the connection mid-protocol (a statement running, or
+    a pipeline's results uncollected)."""
+    pgconn = conn.pgconn
+    return bool(
+        pgconn.status != ConnStatus.BAD
+        and (
+            pgconn.transaction_status == TransactionStatus.ACTIVE
+            or pgconn.pipeline_status != PipelineStatus.OFF
+        )
+    )
+
+
+def _interruption(exc: BaseException, busy: bool) -> BaseException | None:
+    """The exception that interrupted a step, when psycopg's cleanup of an unfinished
+    pipeline replaced it with its own error (its context)."""
+    context = exc.__context__
+    if not busy or not isinstance(exc, psycopg.Error) or context is None:
+        return None
+    return None if isinstance(context, (psycopg.Error, UnicodeError)) else context
+
+
+def _reraise(exc: BaseException, why: str | None, busy: bool) -> NoReturn:
+    """Raise what a step raises after ``exc``, once the caller's transaction was seen to
+    (``why``: what became of it, if it is not as it was): a statement the server refused
+    as fencing's error; an interruption (a signal handler's exception, Ctrl-C, a
+    cancellation) as itself, never swallowed."""
+    interrupted = _interruption(exc, busy)
+    if interrupted is None and isinstance(exc, (psycopg.Error, UnicodeError)):
+        raise _failed(exc, why) from exc
+    raised = exc if interrupted is None else interrupted
+    if why is not None:
+        _noted(raised, why)
+    if raised is exc:
+        raise exc
+    raise raised from None  # the interruption psycopg's cleanup error replaced
 
 
 def _noted(exc: BaseException, why: str) -> None:
@@ -238,13 +276,9 @@ class PostgresBoundBackend(BoundBackend):
             if name is None:
                 return _result(step, _send(conn, queries, isinstance(step, Pipeline)))
             return _result(step, _send(conn, _wrapped(queries, name), True)[1:-1])
-        except (psycopg.Error, UnicodeError) as exc:
-            raise _failed(exc, _undo(conn, name)) from exc
         except BaseException as exc:
-            why = _undo(conn, name) if _settle(conn) else _LOST
-            if why is not None:
-                _noted(exc, why)
-            raise
+            busy = _busy(conn)
+            _reraise(exc, _undo(conn, name) if _settle(conn) else _LOST, busy)
 
 
 # -- async: the same, awaited ------------------------------------------------------------
@@ -327,10 +361,6 @@ class AsyncPostgresBoundBackend(AsyncBoundBackend):
             if name is None:
                 return _result(step, await _asend(conn, queries, isinstance(step, Pipeline)))
             return _result(step, (await _asend(conn, _wrapped(queries, name), True))[1:-1])
-        except (psycopg.Error, UnicodeError) as exc:
-            raise _failed(exc, await _aundo(conn, name)) from exc
         except BaseException as exc:
-            why = await _aundo(conn, name) if await _asettle(conn) else _LOST
-            if why is not None:
-                _noted(exc, why)
-            raise
+            busy = _busy(conn)
+            _reraise(exc, await _aundo(conn, name) if await _asettle(conn) else _LOST, busy)
