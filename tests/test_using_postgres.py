@@ -417,3 +417,26 @@ def test_the_identity_check_is_once_per_connection(store: Any, pg: Setup) -> Non
         conn.rollback()
     finally:
         conn.close()
+
+
+def test_undoing_a_step_that_stopped_without_a_server_error(store: Any, pg: Setup) -> None:
+    """After an interruption the transaction may not be aborted: the step's savepoint
+    may hold part of it (rolled back to), or be released already (the step ran whole:
+    kept, and nothing of the caller's is lost to a "no such savepoint" error)."""
+    from fencing.backends.postgres.bound import _undo
+
+    conn = lend(store, pg)
+    try:
+        conn.execute(f"INSERT INTO {TABLE} (id, status) VALUES (7, 'mine')")
+        conn.execute("SAVEPOINT fencing_step")
+        conn.execute(f"UPDATE {TABLE} SET status = 'half' WHERE id = 1")
+        assert _undo(conn, "fencing_step") is None
+        assert conn.execute(f"SELECT status FROM {TABLE} WHERE id = 1").fetchone() == ("new",)
+        conn.execute(f"UPDATE {TABLE} SET status = 'whole' WHERE id = 2")  # no savepoint
+        assert _undo(conn, "fencing_step") is None
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        rows = conn.execute(f"SELECT id, status FROM {TABLE} ORDER BY id").fetchall()
+        assert rows == [(1, "new"), (2, "whole"), (7, "mine")]
+        conn.rollback()
+    finally:
+        conn.close()

@@ -3,7 +3,7 @@ flows, their steps run inside the caller's transaction (``docs/transactions.md``
 
 * The caller is in a transaction, or its connection is not in autocommit mode (psycopg
   begins one implicitly: the step's statements join it, and it is left open for the
-  caller): ``SAVEPOINT fencing_N``, the step's statements, ``RELEASE SAVEPOINT`` go in
+  caller): ``SAVEPOINT fencing_step``, the step's statements, ``RELEASE SAVEPOINT`` go in
   ONE pipeline (one Sync: one round trip). A statement the server refuses (a claim
   race's unique violation, a serialization failure) is undone with ``ROLLBACK TO
   SAVEPOINT`` and the caller's transaction is as it was.
@@ -26,7 +26,6 @@ flows, their steps run inside the caller's transaction (``docs/transactions.md``
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -53,7 +52,17 @@ __all__ = ["AsyncPostgresBoundBackend", "PostgresBoundBackend", "bind"]
 _NOW_HERE: Final = "extract(epoch FROM statement_timestamp())::float8"
 _TABLES: Final = ("records", "applied", "fences", "leases", "tombstones", "effects")
 _SETTLE_TIMEOUT: Final = 5.0  # seconds to cancel and drain an interrupted statement
-_SAVEPOINTS = itertools.count(1)  # a name no caller's savepoint has (see _undo)
+#: The step's savepoint: a name no caller's savepoint has (``_undo`` relies on it), and
+#: one text (psycopg counts texts to prepare; a new name each time would crowd the caller's).
+_SAVEPOINT: Final = "fencing_step"
+_UNDO: Final = "fencing_undo"
+_BEGIN, _RELEASE, _BACK = "SAVEPOINT {}", "RELEASE SAVEPOINT {}", "ROLLBACK TO SAVEPOINT {}"
+#: Savepoint statements are never prepared: psycopg forgets every prepared statement
+#: of the connection when it sees a ROLLBACK (TO SAVEPOINT) go by, and in a pipeline
+#: the statements queued with it can then name one it dropped.
+_UTILITY: Final = frozenset(
+    form.format(name) for form in (_BEGIN, _RELEASE, _BACK) for name in (_SAVEPOINT, _UNDO)
+)
 _LOST: Final = "the connection could not be brought back to rest, and was closed"
 _GONE: Final = "the connection is lost, and your transaction with it"
 _ABORTED: Final = "your transaction could not be restored: roll it back"
@@ -82,7 +91,12 @@ def _plan(step: Step, schema: str | None) -> tuple[Query, ...]:
 
 
 def _wrapped(queries: tuple[Query, ...], name: str) -> tuple[Query, ...]:
-    return (Query(f"SAVEPOINT {name}"), *queries, Query(f"RELEASE SAVEPOINT {name}"))
+    return (Query(_BEGIN.format(name)), *queries, Query(_RELEASE.format(name)))
+
+
+def _prepare(q: Query) -> bool | None:
+    """psycopg's ``prepare=``: never for a savepoint statement, else its own choice."""
+    return False if q.text in _UTILITY else None
 
 
 def _joins(conn: Any) -> bool:
@@ -198,13 +212,13 @@ def _send(conn: Any, queries: Sequence[Query], pipeline: bool) -> list[Answer]:
     if not pipeline:
         (q,) = queries
         cur = conn.cursor(row_factory=tuple_row)
-        cur.execute(q.text, q.params)
+        cur.execute(q.text, q.params, prepare=_prepare(q))
         return [answer(q, cur, cur.fetchall() if has_rows(cur) else [])]
     with conn.pipeline():
         curs = []
         for q in queries:
             cur = conn.cursor(row_factory=tuple_row)
-            cur.execute(q.text, q.params)
+            cur.execute(q.text, q.params, prepare=_prepare(q))
             curs.append(cur)
     return [
         answer(q, c, c.fetchall() if has_rows(c) else [])
@@ -246,18 +260,17 @@ def _undo(conn: Any, name: str | None) -> str | None:
     status = conn.info.transaction_status
     if name is None or status == TransactionStatus.IDLE:
         return None
-    back = (Query(f"ROLLBACK TO SAVEPOINT {name}"), Query(f"RELEASE SAVEPOINT {name}"))
+    back = (Query(_BACK.format(name)), Query(_RELEASE.format(name)))
     try:
         if status == TransactionStatus.INERROR:
             _send(conn, back, True)
             return None
         # Not aborted: the savepoint may be gone already (the step ran whole). Try it
         # under a savepoint of our own, so that "no such savepoint" aborts nothing.
-        probe = f"{name}_undo"
         try:
-            _send(conn, (Query(f"SAVEPOINT {probe}"), *back), True)
+            _send(conn, (Query(_BEGIN.format(_UNDO)), *back), True)
         except psycopg.Error:
-            _send(conn, (Query(f"ROLLBACK TO SAVEPOINT {probe}"), Query(f"RELEASE {probe}")), True)
+            _send(conn, (Query(_BACK.format(_UNDO)), Query(_RELEASE.format(_UNDO))), True)
         return None
     except psycopg.Error:
         return _ABORTED
@@ -271,7 +284,7 @@ class PostgresBoundBackend(BoundBackend):
 
     def _step(self, conn: Any, step: Step) -> Answer | list[Answer]:
         queries = _plan(step, self.parent.schema)
-        name = f"fencing_{next(_SAVEPOINTS)}" if _joins(conn) else None
+        name = _SAVEPOINT if _joins(conn) else None
         try:
             if name is None:
                 return _result(step, _send(conn, queries, isinstance(step, Pipeline)))
@@ -286,13 +299,13 @@ async def _asend(conn: Any, queries: Sequence[Query], pipeline: bool) -> list[An
     if not pipeline:
         (q,) = queries
         cur = conn.cursor(row_factory=tuple_row)
-        await cur.execute(q.text, q.params)
+        await cur.execute(q.text, q.params, prepare=_prepare(q))
         return [answer(q, cur, await cur.fetchall() if has_rows(cur) else [])]
     async with conn.pipeline():
         curs = []
         for q in queries:
             cur = conn.cursor(row_factory=tuple_row)
-            await cur.execute(q.text, q.params)
+            await cur.execute(q.text, q.params, prepare=_prepare(q))
             curs.append(cur)
     return [
         answer(q, c, await c.fetchall() if has_rows(c) else [])
@@ -330,18 +343,15 @@ async def _aundo(conn: Any, name: str | None) -> str | None:
     status = conn.info.transaction_status
     if name is None or status == TransactionStatus.IDLE:
         return None
-    back = (Query(f"ROLLBACK TO SAVEPOINT {name}"), Query(f"RELEASE SAVEPOINT {name}"))
+    back = (Query(_BACK.format(name)), Query(_RELEASE.format(name)))
     try:
         if status == TransactionStatus.INERROR:
             await _asend(conn, back, True)
             return None
-        probe = f"{name}_undo"
         try:
-            await _asend(conn, (Query(f"SAVEPOINT {probe}"), *back), True)
+            await _asend(conn, (Query(_BEGIN.format(_UNDO)), *back), True)
         except psycopg.Error:
-            await _asend(
-                conn, (Query(f"ROLLBACK TO SAVEPOINT {probe}"), Query(f"RELEASE {probe}")), True
-            )
+            await _asend(conn, (Query(_BACK.format(_UNDO)), Query(_RELEASE.format(_UNDO))), True)
         return None
     except psycopg.Error:
         return _ABORTED
@@ -356,7 +366,7 @@ class AsyncPostgresBoundBackend(AsyncBoundBackend):
 
     async def _step(self, conn: Any, step: Step) -> Answer | list[Answer]:
         queries = _plan(step, self.parent.schema)
-        name = f"fencing_{next(_SAVEPOINTS)}" if _joins(conn) else None
+        name = _SAVEPOINT if _joins(conn) else None
         try:
             if name is None:
                 return _result(step, await _asend(conn, queries, isinstance(step, Pipeline)))
