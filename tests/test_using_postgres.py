@@ -347,11 +347,40 @@ def test_an_aborted_transaction_is_refused_untouched(store: Any, pg: Setup) -> N
         conn.close()
 
 
-def test_another_search_path_is_refused_with_what_differs(store: Any, pg: Setup) -> None:
+def test_a_table_name_must_resolve_as_on_the_stores_connections(store: Any, pg: Setup) -> None:
+    """A user table's name is not qualified: on the caller's connection it must name the
+    table it names on the store's own (whose search path starts with the schema)."""
     conn = psycopg.connect(store.backend.conninfo)  # the server's default search path
     try:
-        with pytest.raises(ConfigurationError, match="search path"):
+        with pytest.raises(ConfigurationError, match="search path") as refused:
             store.using(conn).table(TABLE).get(1)
+        assert "no table (search path" in str(refused.value)
+        assert f"{pg.schema}.{TABLE}" in str(refused.value)
+        # named with its schema, it is the same table on both
+        assert store.using(conn).table(f"{pg.schema}.{TABLE}").get(1) is not None
+        # fencing's own tables are always the store's: collections work
+        assert store.using(conn).collection("c").get("k") is None
+        conn.rollback()
+    finally:
+        conn.close()
+    # only the schema on the search path (not public after it): the same tables
+    conn = psycopg.connect(store.backend.conninfo, options=f"-c search_path={pg.schema}")
+    try:
+        assert store.using(conn).table(TABLE).get(1) is not None
+        conn.rollback()
+    finally:
+        conn.close()
+
+
+def test_a_connection_to_another_database_is_refused(store: Any, pg: Setup) -> None:
+    from fencing._url import StoreURL
+    from fencing.backends.postgres.settings import settings_from_url
+
+    url = pg.url.split("?")[0].rsplit("/", 1)[0] + "/postgres"  # always there
+    conn = psycopg.connect(settings_from_url(StoreURL.parse(url), {}).conninfo)
+    try:
+        with pytest.raises(ConfigurationError, match=r"'postgres'.*its own database only"):
+            store.using(conn).collection("c").get("k")
         conn.rollback()
     finally:
         conn.close()

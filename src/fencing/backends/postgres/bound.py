@@ -17,19 +17,21 @@ flows, their steps run inside the caller's transaction (``docs/transactions.md``
 * Fencing's tables are schema-qualified as on the store; ``now()`` (a transaction's
   start) is ``statement_timestamp()`` here, so a lease's expiry is judged at the
   statement, not at the start of a caller's long transaction.
-* The connection must reach the store's database, fencing's tables there, and resolve
-  a table name as the store's own connections do (the same ``current_schemas``): else
-  ``ConfigurationError`` (``identity_flow``).
+* The connection must reach the store's database and fencing's tables there
+  (``identity_flow``, once per connection), and a user table's name must resolve to the
+  same table on it as on the store's own connections, whose search path starts with the
+  store's schema (checked once per connection and name): else ``ConfigurationError``.
 
 ``PostgresBoundBackend`` and ``AsyncPostgresBoundBackend`` differ only at the awaits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NoReturn, TypeVar
 
 import psycopg
 from psycopg import generators
@@ -37,8 +39,15 @@ from psycopg.pq import ConnStatus, PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
 
 from ..._borrow import Borrowed
-from ..._errors import FencingError, InvalidInput, StoreError, TransientStoreError
+from ..._errors import (
+    ConfigurationError,
+    FencingError,
+    InvalidInput,
+    StoreError,
+    TransientStoreError,
+)
 from ..._flow import Flow
+from ..._request import CommitRequest, Target
 from .._abound import AsyncBoundBackend
 from .._bound import BoundBackend
 from .errors import translate
@@ -47,6 +56,8 @@ from .statements import qualified as _qualified
 from .steps import Answer, Pipeline, Query, Step, answer, has_rows
 
 __all__ = ["AsyncPostgresBoundBackend", "PostgresBoundBackend", "bind"]
+
+R = TypeVar("R")
 
 #: ``now()`` is the start of the transaction: a caller's may be long open.
 _NOW_HERE: Final = "extract(epoch FROM statement_timestamp())::float8"
@@ -179,19 +190,15 @@ def _noted(exc: BaseException, why: str) -> None:
 
 @dataclass(frozen=True)
 class _Identity:
-    """Where a connection's statements land: its database, fencing's tables, and the
-    schemas a table name is looked up in."""
+    """Where a connection's statements land: its database and fencing's tables there."""
 
     database: str
     oid: int
     tables: tuple[int | None, ...]
-    search: tuple[str, ...]
 
     def __str__(self) -> str:
-        return (
-            f"database {self.database!r} (oid {self.oid}) with fencing's records table"
-            f" {self.tables[0]} and search path {list(self.search)}"
-        )
+        found = "no fencing tables" if self.tables[0] is None else "fencing's tables"
+        return f"database {self.database!r} (oid {self.oid}) with {found} (oids {self.tables})"
 
 
 def _identity(schema: str | None) -> Flow[object]:
@@ -199,11 +206,91 @@ def _identity(schema: str | None) -> Flow[object]:
     oids = ", ".join(f"to_regclass(%(t{i})s)::oid" for i in range(len(where)))
     found: Answer = yield Query(
         "SELECT current_database(), (SELECT oid FROM pg_catalog.pg_database"
-        f" WHERE datname = current_database()), current_schemas(false)::text[], {oids}",
+        f" WHERE datname = current_database()), {oids}",
         {f"t{i}": name for i, name in enumerate(where)},
     )
-    database, oid, search, *tables = found.rows[0]
-    return _Identity(database, oid, tuple(search), tuple(tables))
+    database, oid, *tables = found.rows[0]
+    return _Identity(database, oid, tuple(tables))
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolve:
+    """A step: check that a user table's name resolves on the caller's connection to
+    the table it names on the store's own (once per connection and name)."""
+
+    name: str
+
+
+_WHERE: Final = (
+    "SELECT c.oid, n.nspname, current_schemas(false)::text[] FROM (SELECT 1) AS fencing_one"
+    " LEFT JOIN pg_catalog.pg_class c ON c.oid = to_regclass(%(name)s)"
+    " LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+)
+
+
+def _where(name: str) -> Flow[tuple[Any, ...]]:
+    found: Answer = yield Query(_WHERE, {"name": quoted(name)})
+    return tuple(found.rows[0])
+
+
+def _resolving(target: Target, flow: Flow[R]) -> Flow[R]:
+    """``flow``, after the check that ``target``'s name (a user table's, unqualified)
+    resolves as on the store's own connections."""
+    if target.kind == "table" and "." not in target.name:
+        yield _Resolve(target.name)
+    return (yield from flow)
+
+
+def _misresolved(name: str, theirs: tuple[Any, ...], ours: tuple[Any, ...]) -> ConfigurationError:
+    def where(found: tuple[Any, ...]) -> str:
+        oid, schema, path = found
+        at = "no table" if oid is None else f"{schema}.{name}"
+        return f"{at} (search path {list(path)})"
+
+    return ConfigurationError(
+        f"postgresql: table {name!r} is {where(theirs)} on the connection given to"
+        f" store.using(), but {where(ours)} on the store's own: give your connection the"
+        " store's search path (its schema first), or name the table with its schema"
+    )
+
+
+class _Tables:
+    """What both bound backends share: a user table's operations first check (once per
+    connection) that its name resolves as on the store's own connections. A method
+    answers what ``_drive`` does: the value (sync) or its awaitable (async)."""
+
+    flows: Any
+    _drive: Callable[[Flow[Any]], Any]  # the bound backend's (a mixin defines none)
+
+    def columns(self, target: Target, declare: frozenset[str] | None = None) -> Any:
+        return self._drive(_resolving(target, self.flows.columns(target, declare)))
+
+    def read(self, target: Target, key: str | int) -> Any:
+        return self._drive(_resolving(target, self.flows.read(target, key)))
+
+    def probe(self, request: CommitRequest) -> Any:
+        return self._drive(_resolving(request.target, self.flows.probe(request)))
+
+    def commit(self, request: CommitRequest) -> Any:
+        return self._drive(_resolving(request.target, self.flows.commit(request)))
+
+    def commit_many(self, requests: Sequence[CommitRequest]) -> Any:
+        flow = self.flows.commit_many(requests)
+        return self._drive(_resolving(requests[0].target, flow) if requests else flow)
+
+
+def _resolved_on(conn: Any) -> set[str]:
+    """The table names checked on ``conn`` (held as long as the connection)."""
+    try:
+        known: set[str] | None = _RESOLVED.get(conn)
+        if known is None:
+            known = _RESOLVED[conn] = set()
+        return known
+    except TypeError:  # cannot be weakly referenced: checked every time
+        return set()
+
+
+_RESOLVED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
 # -- sync --------------------------------------------------------------------------------
@@ -276,13 +363,22 @@ def _undo(conn: Any, name: str | None) -> str | None:
         return _ABORTED
 
 
-class PostgresBoundBackend(BoundBackend):
+class PostgresBoundBackend(_Tables, BoundBackend):
     """The PostgreSQL flows on the caller's psycopg ``Connection``, inside its transaction."""
 
     def identity_flow(self) -> Flow[object]:
         return _identity(self.parent.schema)
 
-    def _step(self, conn: Any, step: Step) -> Answer | list[Answer]:
+    def _step(self, conn: Any, step: Step | _Resolve) -> Any:
+        if isinstance(step, _Resolve):
+            known = _resolved_on(conn)
+            if step.name not in known:
+                theirs = self._step(conn, Query(_WHERE, {"name": quoted(step.name)}))
+                ours = self.parent._drive(_where(step.name))
+                if theirs.rows[0][0] != ours[0]:
+                    raise _misresolved(step.name, tuple(theirs.rows[0]), ours)
+                known.add(step.name)
+            return None
         queries = _plan(step, self.parent.schema)
         name = _SAVEPOINT if _joins(conn) else None
         try:
@@ -357,14 +453,23 @@ async def _aundo(conn: Any, name: str | None) -> str | None:
         return _ABORTED
 
 
-class AsyncPostgresBoundBackend(AsyncBoundBackend):
+class AsyncPostgresBoundBackend(_Tables, AsyncBoundBackend):
     """The PostgreSQL flows on the caller's psycopg ``AsyncConnection``, inside its
     transaction."""
 
     def identity_flow(self) -> Flow[object]:
         return _identity(self.parent.schema)
 
-    async def _step(self, conn: Any, step: Step) -> Answer | list[Answer]:
+    async def _step(self, conn: Any, step: Step | _Resolve) -> Any:
+        if isinstance(step, _Resolve):
+            known = _resolved_on(conn)
+            if step.name not in known:
+                theirs = await self._step(conn, Query(_WHERE, {"name": quoted(step.name)}))
+                ours = await self.parent._drive(_where(step.name))
+                if theirs.rows[0][0] != ours[0]:
+                    raise _misresolved(step.name, tuple(theirs.rows[0]), ours)
+                known.add(step.name)
+            return None
         queries = _plan(step, self.parent.schema)
         name = _SAVEPOINT if _joins(conn) else None
         try:
