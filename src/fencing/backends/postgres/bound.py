@@ -279,18 +279,20 @@ class _Tables:
         return self._drive(_resolving(requests[0].target, flow) if requests else flow)
 
 
-def _resolved_on(conn: Any) -> set[str]:
-    """The table names checked on ``conn`` (held as long as the connection)."""
+def _resolved_on(parent: Any, conn: Any) -> set[str]:
+    """The table names checked on ``conn`` for the store ``parent`` (held as long as the
+    connection; a connection that cannot be weakly referenced is checked every time)."""
+    by_conn: weakref.WeakKeyDictionary[Any, set[str]] | None
+    by_conn = getattr(parent, "_fencing_resolved", None)
+    if by_conn is None:
+        by_conn = parent._fencing_resolved = weakref.WeakKeyDictionary()
     try:
-        known: set[str] | None = _RESOLVED.get(conn)
+        known = by_conn.get(conn)
         if known is None:
-            known = _RESOLVED[conn] = set()
+            known = by_conn[conn] = set()
         return known
-    except TypeError:  # cannot be weakly referenced: checked every time
+    except TypeError:
         return set()
-
-
-_RESOLVED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
 # -- sync --------------------------------------------------------------------------------
@@ -371,7 +373,7 @@ class PostgresBoundBackend(_Tables, BoundBackend):
 
     def _step(self, conn: Any, step: Step | _Resolve) -> Any:
         if isinstance(step, _Resolve):
-            known = _resolved_on(conn)
+            known = _resolved_on(self.parent, conn)
             if step.name not in known:
                 theirs = self._step(conn, Query(_WHERE, {"name": quoted(step.name)}))
                 ours = self.parent._drive(_where(step.name))
@@ -462,7 +464,7 @@ class AsyncPostgresBoundBackend(_Tables, AsyncBoundBackend):
 
     async def _step(self, conn: Any, step: Step | _Resolve) -> Any:
         if isinstance(step, _Resolve):
-            known = _resolved_on(conn)
+            known = _resolved_on(self.parent, conn)
             if step.name not in known:
                 theirs = await self._step(conn, Query(_WHERE, {"name": quoted(step.name)}))
                 ours = await self.parent._drive(_where(step.name))
