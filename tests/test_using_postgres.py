@@ -469,3 +469,22 @@ def test_undoing_a_step_that_stopped_without_a_server_error(store: Any, pg: Setu
         conn.rollback()
     finally:
         conn.close()
+
+
+def test_a_lost_connection_says_the_transaction_went_with_it(store: Any, pg: Setup) -> None:
+    from .backends_postgres import admin
+
+    conn = lend(store, pg)
+    try:
+        view = store.using(conn).table(TABLE)
+        intent = view.intent(1, "ship")
+        with admin() as other:
+            other.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
+        with pytest.raises(TransientStoreError) as lost:
+            view.commit(intent, {"status": "shipped"})
+        assert "your transaction with it" in " ".join(getattr(lost.value, "__notes__", []))
+        with pytest.raises(StoreError, match="closed; nothing was run"):
+            view.get(1)
+        assert version(store) == 1  # nothing committed; the store's pool unaffected
+    finally:
+        conn.close()

@@ -315,13 +315,14 @@ def _send(conn: Any, queries: Sequence[Query], pipeline: bool) -> list[Answer]:
     ]
 
 
-def _settle(conn: Any) -> bool:
+def _settle(conn: Any) -> str | None:
     """Bring an interrupted connection's protocol to rest: cancel a running statement and
-    drain its results. False if it cannot be (then it is closed)."""
+    drain its results. None when it is at rest (or lost already: ``_undo`` says so);
+    if it cannot be, it is closed, and the answer says so."""
     pgconn = conn.pgconn
     try:
         if conn.closed or pgconn.status == ConnStatus.BAD:
-            return False
+            return None
         if pgconn.transaction_status == TransactionStatus.ACTIVE:
             conn.cancel_safe(timeout=_SETTLE_TIMEOUT)
         if pgconn.pipeline_status != PipelineStatus.OFF:
@@ -335,10 +336,10 @@ def _settle(conn: Any) -> bool:
                     conn.wait(generators.fetch(pgconn), timeout=_SETTLE_TIMEOUT)
         while pgconn.transaction_status == TransactionStatus.ACTIVE:
             conn.wait(generators.fetch(pgconn), timeout=_SETTLE_TIMEOUT)
-        return True
+        return None
     except BaseException:
         conn.close()
-        return False
+        return _LOST
 
 
 def _undo(conn: Any, name: str | None) -> str | None:
@@ -389,7 +390,7 @@ class PostgresBoundBackend(_Tables, BoundBackend):
             return _result(step, _send(conn, _wrapped(queries, name), True)[1:-1])
         except BaseException as exc:
             busy = _busy(conn)
-            _reraise(exc, _undo(conn, name) if _settle(conn) else _LOST, busy)
+            _reraise(exc, _settle(conn) or _undo(conn, name), busy)
 
 
 # -- async: the same, awaited ------------------------------------------------------------
@@ -411,11 +412,11 @@ async def _asend(conn: Any, queries: Sequence[Query], pipeline: bool) -> list[An
     ]
 
 
-async def _asettle(conn: Any) -> bool:
+async def _asettle(conn: Any) -> str | None:
     pgconn = conn.pgconn
     try:
         if conn.closed or pgconn.status == ConnStatus.BAD:
-            return False
+            return None
         if pgconn.transaction_status == TransactionStatus.ACTIVE:
             await conn.cancel_safe(timeout=_SETTLE_TIMEOUT)
         if pgconn.pipeline_status != PipelineStatus.OFF:
@@ -429,10 +430,10 @@ async def _asettle(conn: Any) -> bool:
                     await conn.wait(generators.fetch(pgconn), timeout=_SETTLE_TIMEOUT)
         while pgconn.transaction_status == TransactionStatus.ACTIVE:
             await conn.wait(generators.fetch(pgconn), timeout=_SETTLE_TIMEOUT)
-        return True
+        return None
     except BaseException:
         await conn.close()
-        return False
+        return _LOST
 
 
 async def _aundo(conn: Any, name: str | None) -> str | None:
@@ -480,4 +481,4 @@ class AsyncPostgresBoundBackend(_Tables, AsyncBoundBackend):
             return _result(step, (await _asend(conn, _wrapped(queries, name), True))[1:-1])
         except BaseException as exc:
             busy = _busy(conn)
-            _reraise(exc, await _aundo(conn, name) if await _asettle(conn) else _LOST, busy)
+            _reraise(exc, await _asettle(conn) or await _aundo(conn, name), busy)
