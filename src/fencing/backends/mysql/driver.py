@@ -4,8 +4,10 @@ over aiomysql's pool. Both run the same flows (``flows.MySQLFlows``).
 One connection per flow: ``_drive(flow)`` checks one connection out and carries every
 step of the flow out on it, in order, then gives it back; a ``commit_many`` whose
 transaction spans several batches therefore meets one connection, and no flow ever
-names or holds a connection itself. (A later driver may run the same flows on a
-connection the caller gives: only ``_drive`` changes.) The rules after an exception are
+names or holds a connection itself. A flow's transaction is framed here: a batch that
+begins it is sent after ``START TRANSACTION``, one that ends it before ``COMMIT``, in
+the same round trip (``steps.framed``); ``bound`` frames the same flows inside a
+caller's transaction instead. The rules after an exception are
 ``connection.Hold``'s: an error the server sent is rolled back at once and thrown into
 the flow, which may start its transaction again (``restart``; if its connection was
 dropped meanwhile, the next batch gets a fresh one); an exception landing mid-batch
@@ -30,12 +32,14 @@ from .connection import Hold, aexecute, arollback, execute, new_pool, rollback
 from .errors import driver_module, translated
 from .flows import MySQLFlows
 from .settings import Settings
-from .steps import Batch, Result
+from .steps import Batch, Result, framed, unframed
 
 __all__ = ["AsyncMySQLBackend", "MySQLBackend"]
 
 R = TypeVar("R")
 _FLOWS = MySQLFlows()
+#: A flow's transaction on the store's own (autocommit) connections.
+_FRAME = ("START TRANSACTION", "COMMIT")
 
 
 def _alone(step: Any) -> Flow[Any]:
@@ -70,7 +74,7 @@ class _Lent(Hold):
         conn = self.slot.conn
         self.sending()
         try:
-            results = execute(conn, step)
+            results = unframed(step, execute(conn, framed(step, *_FRAME)))
         except Exception as exc:
             raise self.failed(exc, self.may_keep(exc) and rollback(conn)) from exc
         self.io = False
@@ -152,7 +156,7 @@ class _AsyncLent(Hold):
         conn = self.conn
         self.sending()
         try:
-            results = await aexecute(conn, step)
+            results = unframed(step, await aexecute(conn, framed(step, *_FRAME)))
         except Exception as exc:
             raise self.failed(exc, self.may_keep(exc) and await arollback(conn)) from exc
         self.io = False

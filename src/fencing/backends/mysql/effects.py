@@ -37,13 +37,12 @@ class EffectFlows:
         self, idempotency_key: str, status: str | None, detail_json: str | None, reconcile: bool
     ) -> Flow[Effect | None]:
         """Lock the row, read the clock, change it, read it back: one transaction."""
-        script = Script("START TRANSACTION")
+        script = Script(begin=True)
         script.add(sql.EFFECT_LOCK, idempotency_key)
         script.add(sql.SET_NOW)
         script.add(sql.EFFECT_MARK, status, detail_json, bool(reconcile), idempotency_key)
         read = script.add(sql.EFFECT_SELECT + sql.EFFECT_BY_KEY, idempotency_key)
-        script.add("COMMIT")
-        results: list[Result] = yield script.batch()
+        results: list[Result] = yield script.batch(end=True)
         found = _effects_of(results[read])
         return found[0] if found else None
 
@@ -51,13 +50,12 @@ class EffectFlows:
     def settle_effects(self, scope: str, intent_id: str, outcome: str) -> Flow[list[Effect]]:
         """Lock the intent's unsettled effects, read the clock, settle them and read all of
         the intent's effects back, in one transaction (one round trip)."""
-        script = Script("START TRANSACTION")
+        script = Script(begin=True)
         script.add(sql.EFFECT_LOCK_OPEN, scope, intent_id)
         script.add(sql.SET_NOW)
         script.add(sql.EFFECT_SETTLE, outcome, scope, intent_id)
         read = script.add(sql.EFFECT_SETTLED, scope, intent_id)
-        script.add("COMMIT")
-        results: list[Result] = yield script.batch()
+        results: list[Result] = yield script.batch(end=True)
         return _effects_of(results[read])
 
     @restarts_on_deadlock

@@ -1,8 +1,11 @@
 """MySQL's flows: each operation of the contract as batches of statements (``steps.Batch``)
 and what their results mean. I/O-free: whichever connection the driver runs a flow on,
 all the batches of one flow meet that one connection, in order (a ``commit_many`` may
-span several batches of one transaction). Every flow starts again after a deadlock
-(``restart``). How each one works: ``docs/backends/mysql.md``."""
+span several batches of one transaction). A flow's transaction is not written here: its
+first batch says it ``begin``s it and its last that it ``end``s it, and the driver frames
+them (``steps.framed``: the store's own transaction, or a savepoint in the caller's).
+Every flow starts again after a deadlock (``restart``). How each one works:
+``docs/backends/mysql.md``."""
 
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ _migrate: Final = restarts_on_deadlock(schema.migrate)
 def _commit_all(requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
     """One transaction for all ``requests``, one round trip unless a guard is judged here."""
     out: list[CommitResult | None] = [None] * len(requests)
-    script = Script("START TRANSACTION")
+    script = Script(begin=True)
     pending: list[tuple[int, Slots]] = []
     if len(requests) > 1 and requests[0].target.kind == "collection":
         # A batch first locks its keys (their tombstone rows, in key order), so no record
@@ -63,8 +66,7 @@ def _commit_all(requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
         if script.size > _BATCH_BYTES and i + 1 < len(requests):
             settle((yield script.batch()))
             script = Script()
-    script.add("COMMIT")
-    settle((yield script.batch()))
+    settle((yield script.batch(end=True)))
     done = [r for r in out if r is not None]
     assert len(done) == len(requests)
     return done
@@ -74,13 +76,12 @@ def _commit_all(requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
 def _lease(name: str, lock: str, change: str, *params: Any) -> Flow[LeaseAnswer]:
     """Lock the lease row, read the clock (after the lock), change the row if the
     condition holds, read it back: one transaction, one round trip."""
-    script = Script("START TRANSACTION")
+    script = Script(begin=True)
     script.add(lock, name)
     script.add(sql.SET_NOW)
     changed = script.add(change, *params)
     read = script.add(sql.LEASE_READ.format(now="@f_now"), name)
-    script.add("COMMIT")
-    results: list[Result] = yield script.batch()
+    results: list[Result] = yield script.batch(end=True)
     return lease_answer(name, results[read], results[changed].affected == 1)
 
 
@@ -132,13 +133,12 @@ class MySQLFlows(EffectFlows):
         """Lock the key (its tombstone row), insert after the tombstone's version unless the
         record exists, read what happened: one transaction, one round trip."""
         exists = f"{target.name}/{key} already exists"
-        script = Script("START TRANSACTION")
+        script = Script(begin=True)
         script.add(sql.KEY_LOCK, target.name, key)
         script.add(sql.CREATE, state_json, target.name, key)
         read = script.add(sql.CREATED, target.name, key)
-        script.add("COMMIT")
         try:
-            results: list[Result] = yield script.batch()
+            results: list[Result] = yield script.batch(end=True)
         except DuplicateKey as exc:
             raise AlreadyExists(exists) from exc
         made, version = results[read].rows[0]
@@ -150,13 +150,12 @@ class MySQLFlows(EffectFlows):
     def delete(self, target: Target, key: str | int) -> Flow[bool]:
         """Lock the key (its tombstone row), then the record; delete it and raise the
         tombstone to its version: one transaction, one round trip."""
-        script = Script("START TRANSACTION", "SET @f_gone = NULL")
+        script = Script("SET @f_gone = NULL", begin=True)
         script.add(sql.KEY_LOCK, target.name, key)
         script.add(sql.DELETE_LOCK, target.name, key)
         deleted = script.add(sql.DELETE, target.name, key)
         script.add(sql.TOMBSTONE, target.name, key)
-        script.add("COMMIT")
-        results: list[Result] = yield script.batch()
+        results: list[Result] = yield script.batch(end=True)
         return results[deleted].affected > 0
 
     def commit(self, request: CommitRequest) -> Flow[CommitResult]:

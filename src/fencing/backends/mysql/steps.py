@@ -1,13 +1,19 @@
 """The step MySQL's flows yield, ``Batch``: statements sent in one round trip (a
 multi-statement query), answered by one ``Result`` per statement. ``Script`` gathers
-statements, and their parameters in order, into one batch."""
+statements, and their parameters in order, into one batch.
+
+A flow does not write its transaction's framing itself: a batch says that it ``begin``s
+the flow's transaction and/or ``end``s it, and the driver frames it (``framed``) as the
+connection needs: ``START TRANSACTION`` ... ``COMMIT`` on the store's own connections,
+``SAVEPOINT fencing`` ... ``RELEASE SAVEPOINT fencing`` inside a caller's transaction
+(``bound``). The framing's results are not the flow's (``unframed``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["SEPARATOR", "Batch", "Result", "Script", "one", "statements"]
+__all__ = ["SEPARATOR", "Batch", "Result", "Script", "framed", "one", "statements", "unframed"]
 
 #: What joins a batch's statements (``Script.batch``); ``statements`` splits on it.
 SEPARATOR: Final = ";\n"
@@ -19,6 +25,9 @@ class Batch:
 
     sql: str
     params: tuple[Any, ...] | None
+    #: whether it begins the flow's transaction, and whether it ends it (commits)
+    begin: bool = False
+    end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +42,10 @@ class Result:
 class Script:
     """Statements being gathered into one batch; ``add`` returns a statement's index."""
 
-    __slots__ = ("count", "params", "parts", "size")
+    __slots__ = ("begin", "count", "params", "parts", "size")
 
-    def __init__(self, *statements: str) -> None:
+    def __init__(self, *statements: str, begin: bool = False) -> None:
+        self.begin = begin  # the batch begins the flow's transaction
         self.parts: list[str] = list(statements)
         self.params: list[Any] = []
         self.count = len(statements)
@@ -49,8 +59,29 @@ class Script:
         self.count += statements
         return self.count - statements
 
-    def batch(self) -> Batch:
-        return Batch(SEPARATOR.join(self.parts), tuple(self.params) or None)
+    def batch(self, *, end: bool = False) -> Batch:
+        """The statements gathered; ``end``: the batch ends (commits) the transaction."""
+        return Batch(SEPARATOR.join(self.parts), tuple(self.params) or None, self.begin, end)
+
+
+def framed(batch: Batch, begin: str, end: str) -> Batch:
+    """``batch`` with its transaction's framing: ``begin`` first if it begins the
+    transaction, ``end`` last if it ends it (neither has parameters)."""
+    if not (batch.begin or batch.end):
+        return batch
+    parts = [begin] if batch.begin else []
+    if batch.sql:
+        parts.append(batch.sql)
+    if batch.end:
+        parts.append(end)
+    return Batch(SEPARATOR.join(parts), batch.params)
+
+
+def unframed(batch: Batch, results: list[Result]) -> list[Result]:
+    """The results of ``batch``'s own statements, without those of its framing."""
+    if not (batch.begin or batch.end):
+        return results
+    return results[1 if batch.begin else 0 : len(results) - 1 if batch.end else None]
 
 
 def one(sql: str, *params: Any) -> Batch:
