@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ._backends import Case, register
+from ._lenders import Lender, register_lender
 
 BASE_URL = os.environ.get("FENCING_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 _parts = urlsplit(BASE_URL)
@@ -105,4 +106,56 @@ register(
         create_table=create_table,
         cleanup=cleanup,
     )
+)
+
+
+# -- store.using(conn): connections to a case's database (tests/test_using.py) ----------
+def _connect_kwargs(url: str) -> dict[str, Any]:
+    parts = urlsplit(url)
+    return {
+        "host": parts.hostname or HOST,
+        "port": parts.port or PORT,
+        "user": parts.username or "root",
+        "password": parts.password or "",
+        "database": parts.path.lstrip("/"),
+        "charset": "utf8mb4",
+    }
+
+
+def lend(url: str) -> Any:
+    """A PyMySQL connection as an application opens one: autocommit off (PyMySQL's
+    default), no multi-statement option."""
+    import pymysql
+
+    return pymysql.connect(**_connect_kwargs(url))
+
+
+def lend_autocommit(url: str) -> Any:
+    import pymysql
+
+    return pymysql.connect(**_connect_kwargs(url), autocommit=True)
+
+
+async def alend(url: str) -> Any:
+    import aiomysql
+
+    kwargs = _connect_kwargs(url)
+    kwargs["db"] = kwargs.pop("database")
+    return await aiomysql.connect(**kwargs)
+
+
+def _sa_url(url: str, driver: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(scheme=f"mysql+{driver}", query="charset=utf8mb4"))
+
+
+register_lender(
+    "mysql",
+    Lender(
+        connect=lend,
+        connect_autocommit=lend_autocommit,
+        aconnect=alend,
+        sa_url=lambda url: _sa_url(url, "pymysql"),
+        sa_async_url=lambda url: _sa_url(url, "aiomysql"),
+    ),
 )

@@ -83,8 +83,15 @@ def _result(description: Any, rows: Any, affected: Any) -> Result:
 
 
 # -- sync: PyMySQL ----------------------------------------------------------------------
+@functools.cache
+def _plain_cursor() -> type[Any]:
+    """PyMySQL's tuple cursor (a caller's connection may default to another class)."""
+    cursor: type[Any] = driver_module("pymysql").cursors.Cursor
+    return cursor
+
+
 def execute(conn: Any, batch: Batch) -> list[Result]:
-    with conn.cursor() as cur:
+    with conn.cursor(_plain_cursor()) as cur:
         cur.execute(batch.sql, batch.params)
         results = [_result(cur.description, cur.fetchall(), cur.rowcount)]
         while cur.nextset():

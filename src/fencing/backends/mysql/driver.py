@@ -23,11 +23,13 @@ import time
 import weakref
 from typing import Any, TypeVar
 
+from ..._borrow import Borrowed
 from ..._errors import StoreClosed, TransientStoreError
 from ..._flow import Flow, Sleep, adrive, drive
 from .._abase import AsyncFlowBackend
 from .._base import FlowBackend
 from .._pool import Pool, Slot
+from .bound import AsyncMySQLBoundBackend, MySQLBoundBackend, bind, bind_async
 from .connection import Hold, aexecute, arollback, execute, new_pool, rollback
 from .errors import driver_module, translated
 from .flows import MySQLFlows
@@ -132,6 +134,10 @@ class MySQLBackend(FlowBackend):
     def _run(self, step: Batch | Sleep) -> Any:
         """One step on a connection of its own (a flow's steps all run in ``_drive``)."""
         return self._drive(_alone(step))
+
+    def bind(self, borrowed: Borrowed) -> MySQLBoundBackend:
+        """This store's flows on the caller's PyMySQL connection (``store.using``)."""
+        return bind(self, borrowed)
 
     def close(self) -> None:
         self._pool.close()
@@ -244,6 +250,10 @@ class AsyncMySQLBackend(AsyncFlowBackend):
     async def _run(self, step: Batch | Sleep) -> Any:
         """One step on a connection of its own (a flow's steps all run in ``_drive``)."""
         return await self._drive(_alone(step))
+
+    def bind(self, borrowed: Borrowed) -> AsyncMySQLBoundBackend:
+        """This store's flows on the caller's aiomysql connection (``store.using``)."""
+        return bind_async(self, borrowed)
 
     async def close(self) -> None:
         self._closed = True

@@ -40,9 +40,13 @@ from ..._errors import (
 )
 
 __all__ = [
+    "DEADLOCK",
+    "NO_SAVEPOINT",
     "Deadlock",
     "DuplicateKey",
+    "TransactionRolledBack",
     "driver_module",
+    "errno",
     "in_step",
     "is_driver_error",
     "translate",
@@ -86,12 +90,21 @@ _SCHEMA_ERRORS: Final = frozenset({1146, 1054})
 _DATA_ERRORS: Final = frozenset({1048, 1264, 1265, 1292, 1366, 1406})
 _DUPLICATE_KEY: Final = 1062
 _DEADLOCK: Final = 1213
+DEADLOCK: Final = _DEADLOCK
+NO_SAVEPOINT: Final = 1305  # SAVEPOINT ... does not exist (the transaction is gone)
 _SIGNAL: Final = 1644  # SIGNAL SQLSTATE '45000' (a guard trigger's refusal, ``guard``)
 
 
 class Deadlock(TransientStoreError):
     """InnoDB chose this transaction as a deadlock's victim and rolled it all back: the
     flow may start it again (``flows.restarting``)."""
+
+
+class TransactionRolledBack(TransientStoreError):
+    """On a caller's connection (``store.using``): the server rolled back the caller's
+    whole transaction (a deadlock's victim, say). Nothing of it remains, fencing's writes
+    nor the caller's: the caller rolls back and runs the whole transaction again. Not a
+    ``Deadlock``: a flow never starts again on its own inside a caller's transaction."""
 
 
 class DuplicateKey(StoreError):
@@ -106,6 +119,11 @@ def driver_module(name: str) -> Any:
         raise MissingDependency(
             f"the mysql backend needs {exc.name}: pip install 'fencing[mysql]'"
         ) from exc
+
+
+def errno(exc: BaseException) -> int | None:
+    """The driver error's number (None if it has none)."""
+    return _errno(exc)
 
 
 def _errno(exc: BaseException) -> int | None:

@@ -1,0 +1,313 @@
+"""MySQL / MariaDB on the caller's connection (``store.using(conn)``): PyMySQL for a sync
+store, aiomysql for an async one (a SQLAlchemy session or connection hands out one).
+
+The same flows as on the store's pool (``flows``), framed for the caller's connection
+(``steps.framed``):
+
+* the caller is in a transaction (one begun, or autocommit off: every statement is in
+  one): a flow's transaction is a savepoint in it, ``SAVEPOINT fencing`` before the
+  batch that begins it and ``RELEASE SAVEPOINT fencing`` after the batch that ends it,
+  in the same round trips; what it wrote is the caller's to commit or roll back;
+* autocommit on and no transaction: the caller has none to join, and the flow runs in a
+  transaction of its own, ``START TRANSACTION`` ... ``COMMIT``, as on the pool.
+
+After an error the server sent, the flow's savepoint is rolled back to and released (one
+round trip), so the caller's transaction is as it was before the call, usable. A
+deadlock (1213) is different: InnoDB rolled the caller's whole transaction back, so it
+is not retried inside (``restart`` would run it in a transaction the caller does not
+know of): ``TransactionRolledBack`` tells the caller to run its transaction again. So
+does any error after which the savepoint is gone (``innodb_rollback_on_timeout``).
+
+An interrupt landing while a batch is on the wire (a signal handler's exception, an
+asyncio cancellation, a lost connection) may leave results unread: the next statement
+on the connection would read them as its own. The connection is then closed (the
+server rolls its transaction back) and the exception goes on with a note saying so; the
+caller's next use of it raises the driver's "not connected" error. An exception out of
+the flow between batches rolls back to the savepoint.
+
+Multi-statement batches need the connection's multi-statement option: turned on once per
+connection (``COM_SET_OPTION``) when its client flags do not have it.
+
+The connection must reach the store's server and database (``DATABASE()``: fencing's
+statements name their tables unqualified).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from contextlib import suppress
+from typing import Any, Final
+
+from ..._borrow import Borrowed
+from ..._errors import FencingError, InvalidInput
+from ..._flow import Flow, Sleep, adrive, drive
+from .._abound import AsyncBoundBackend
+from .._bound import BoundBackend
+from .connection import aexecute, execute
+from .errors import (
+    DEADLOCK,
+    NO_SAVEPOINT,
+    TransactionRolledBack,
+    errno,
+    in_step,
+    is_driver_error,
+    translate,
+    translated,
+)
+from .steps import Batch, Result, framed, one, unframed
+
+__all__ = ["AsyncMySQLBoundBackend", "MySQLBoundBackend", "bind", "bind_async"]
+
+_SAVEPOINT: Final = ("SAVEPOINT fencing", "RELEASE SAVEPOINT fencing")
+_OWN: Final = ("START TRANSACTION", "COMMIT")
+_UNDO: Final = {
+    _SAVEPOINT: Batch("ROLLBACK TO SAVEPOINT fencing;\nRELEASE SAVEPOINT fencing", None),
+    _OWN: Batch("ROLLBACK", None),
+}
+_IN_TRANS: Final = 1  # SERVER_STATUS_IN_TRANS
+_COM_SET_OPTION: Final = 27
+_MULTI_STATEMENTS_ON: Final = struct.pack("<H", 0)
+_MULTI_STATEMENTS: Final = 1 << 16  # CLIENT.MULTI_STATEMENTS
+_CLOSED_NOTE: Final = (
+    "fencing: this interrupted a batch on the connection given to store.using() (its"
+    " results unread): the connection was closed, and the server rolls its transaction"
+    " back; roll back and run the transaction again on another connection"
+)
+
+
+def bind(parent: Any, borrowed: Borrowed) -> MySQLBoundBackend:
+    """The store's flows on the caller's PyMySQL connection."""
+    if borrowed.kind != "pymysql":
+        raise InvalidInput(f"a mysql store joins PyMySQL connections, not {borrowed.kind}")
+    return MySQLBoundBackend(parent, borrowed)
+
+
+def bind_async(parent: Any, borrowed: Borrowed) -> AsyncMySQLBoundBackend:
+    """The async store's flows on the caller's aiomysql connection."""
+    if borrowed.kind != "aiomysql":
+        raise InvalidInput(f"an async mysql store joins aiomysql connections, not {borrowed.kind}")
+    return AsyncMySQLBoundBackend(parent, borrowed)
+
+
+def _identity() -> Flow[object]:
+    results: list[Result] = yield one("SELECT DATABASE(), @@hostname, @@port")
+    database, host, port = results[0].rows[0]
+    return f"the database {database!r} on the server {host}:{port}"
+
+
+class _On:
+    """One flow on the caller's connection: how its transaction is framed, and where
+    it stands (``open``: begun and not ended; ``io``: a batch on the wire)."""
+
+    __slots__ = ("conn", "frame", "io", "joined", "open")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.frame: tuple[str, str] = _SAVEPOINT
+        self.joined = False  # the caller was in a transaction at the last batch
+        self.open = False
+        self.io = False
+
+    def batch(self, step: Batch) -> Batch:
+        """The step as sent, framed as the connection is now."""
+        conn = self.conn
+        self.joined = not conn.get_autocommit() or bool(conn.server_status & _IN_TRANS)
+        if step.begin:
+            self.frame = _SAVEPOINT if self.joined else _OWN
+            self.open = True  # from now on, until ended: the savepoint may exist
+        self.io = True
+        return framed(step, *self.frame)
+
+    def done(self, step: Batch) -> None:
+        self.io = False
+        if step.end:
+            self.open = False
+
+    def server_error(self, exc: Exception) -> FencingError | None:
+        """What a server error becomes with nothing to undo; None: undo the frame first."""
+        self.io = False
+        if errno(exc) == DEADLOCK:
+            self.open = False  # the server rolled back the whole transaction
+            if self.joined and self.frame is _SAVEPOINT:
+                return _rolled_back(exc)
+            return translate(exc)  # a transaction of fencing's own: the flow may restart
+        if not self.open:
+            return translate(exc)  # the failed statement alone was undone
+        return None
+
+    def undone(self, exc: Exception, undo_exc: Exception | None) -> FencingError:
+        """``exc`` once the frame was undone (``undo_exc``: how undoing it failed)."""
+        self.open = False
+        if undo_exc is None:
+            return translate(exc)
+        if errno(undo_exc) == NO_SAVEPOINT:
+            return _rolled_back(exc)
+        raise undo_exc
+
+    def interrupted(self, exc: BaseException, close: Any) -> None:
+        """An exception mid-batch that is not an error the server sent: close."""
+        self.io = True  # never to be undone: the connection is being closed
+        self.open = False
+        with suppress(Exception):  # closing a connection in an unknown state
+            close(self.conn)
+        exc.add_note(_CLOSED_NOTE)
+
+
+def _rolled_back(exc: Exception) -> TransactionRolledBack:
+    return TransactionRolledBack(
+        f"mysql: {exc}; the server rolled back your whole transaction (nothing of it"
+        " remains, fencing's writes nor yours): roll it back and run it again"
+    )
+
+
+def _multi_statements(conn: Any) -> bool:
+    """Whether the connection runs multi-statement batches already (else turned on)."""
+    return bool(conn.client_flag & _MULTI_STATEMENTS)
+
+
+def _close(conn: Any) -> None:
+    conn.close()
+
+
+class MySQLBoundBackend(BoundBackend):
+    """The MySQL flows on the caller's PyMySQL connection, inside its transaction."""
+
+    def identity_flow(self) -> Flow[object]:
+        return _identity()
+
+    def _drive(self, flow: Flow[Any]) -> Any:
+        conn = self.borrowed.connection()
+        if not self._seen(conn):
+            self._check(conn)
+        on = _On(conn)
+        try:
+            return drive(flow, lambda step: self._on(on, step))
+        except BaseException as exc:
+            if on.open and not on.io:  # out of the flow between batches: undo its part
+                try:
+                    execute(conn, _UNDO[on.frame])
+                except BaseException as undo_exc:
+                    on.interrupted(exc, _close)
+                    if not isinstance(undo_exc, Exception):
+                        raise
+            raise
+
+    def _step(self, conn: Any, step: Any) -> Any:
+        return self._on(_On(conn), step)
+
+    def _on(self, on: _On, step: Batch | Sleep) -> Any:
+        if isinstance(step, Sleep):
+            time.sleep(step.seconds)
+            return None
+        conn = on.conn
+        if not _multi_statements(conn):
+            _turn_on_multi_statements(conn)
+        batch = on.batch(step)
+        try:
+            results = unframed(step, execute(conn, batch))
+        except Exception as exc:
+            if not (is_driver_error(exc) and in_step(exc)):
+                on.interrupted(exc, _close)
+                raise translated(exc) from exc
+            error = on.server_error(exc)
+            if error is None:
+                undo_exc = None
+                try:
+                    execute(conn, _UNDO[on.frame])
+                except Exception as failed:
+                    undo_exc = failed
+                try:
+                    error = on.undone(exc, undo_exc)
+                except Exception:
+                    on.interrupted(exc, _close)
+                    raise translate(exc) from exc
+            raise error from exc
+        except BaseException as exc:
+            on.interrupted(exc, _close)
+            raise
+        on.done(step)
+        return results
+
+
+def _turn_on_multi_statements(conn: Any) -> None:
+    try:
+        conn._execute_command(_COM_SET_OPTION, _MULTI_STATEMENTS_ON)
+        conn._read_packet()
+    except Exception as exc:
+        raise translated(exc) from exc
+    conn.client_flag |= _MULTI_STATEMENTS
+
+
+async def _aturn_on_multi_statements(conn: Any) -> None:
+    try:
+        await conn._execute_command(_COM_SET_OPTION, _MULTI_STATEMENTS_ON)
+        await conn._read_packet()
+    except Exception as exc:
+        raise translated(exc) from exc
+    conn.client_flag |= _MULTI_STATEMENTS
+
+
+class AsyncMySQLBoundBackend(AsyncBoundBackend):
+    """The MySQL flows on the caller's aiomysql connection, inside its transaction."""
+
+    def identity_flow(self) -> Flow[object]:
+        return _identity()
+
+    async def _drive(self, flow: Flow[Any]) -> Any:
+        conn = await self.borrowed.aconnection()
+        if not self._seen(conn):
+            await self._check(conn)
+        on = _On(conn)
+
+        async def run(step: Any) -> Any:
+            return await self._on(on, step)
+
+        try:
+            return await adrive(flow, run)
+        except BaseException as exc:
+            if on.open and not on.io:  # out of the flow between batches: undo its part
+                try:
+                    await aexecute(conn, _UNDO[on.frame])
+                except BaseException as undo_exc:
+                    on.interrupted(exc, _close)
+                    if not isinstance(undo_exc, Exception):
+                        raise
+            raise
+
+    async def _step(self, conn: Any, step: Any) -> Any:
+        return await self._on(_On(conn), step)
+
+    async def _on(self, on: _On, step: Batch | Sleep) -> Any:
+        if isinstance(step, Sleep):
+            await asyncio.sleep(step.seconds)
+            return None
+        conn = on.conn
+        if not _multi_statements(conn):
+            await _aturn_on_multi_statements(conn)
+        batch = on.batch(step)
+        try:
+            results = unframed(step, await aexecute(conn, batch))
+        except Exception as exc:
+            if not (is_driver_error(exc) and in_step(exc)):
+                on.interrupted(exc, _close)
+                raise translated(exc) from exc
+            error = on.server_error(exc)
+            if error is None:
+                undo_exc = None
+                try:
+                    await aexecute(conn, _UNDO[on.frame])
+                except Exception as failed:
+                    undo_exc = failed
+                try:
+                    error = on.undone(exc, undo_exc)
+                except Exception:
+                    on.interrupted(exc, _close)
+                    raise translate(exc) from exc
+            raise error from exc
+        except BaseException as exc:
+            on.interrupted(exc, _close)
+            raise
+        on.done(step)
+        return results
