@@ -164,6 +164,25 @@ def test_the_callers_own_locked_row_does_not_block_a_fenced_commit(env: Env) -> 
     lease.release()
 
 
+def test_repeatable_read_a_snapshot_for_reads_the_latest_row_for_the_check(env: Env) -> None:
+    """In a REPEATABLE READ transaction, reads through the view see its snapshot (and its
+    own writes); a commit's check reads the latest committed row (locking reads)."""
+    sql(env.conn, "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    view = env.view()
+    old = view.intent(1, "ship")  # the first read: the snapshot is taken here
+    moved = env.table.commit(env.table.intent(1, "pay"), {"status": "paid"})  # another writer
+    assert isinstance(moved, Committed)
+    assert view.get(1).version == 1  # the snapshot
+    assert view.intent(1, "ship").expected_version == 1  # an intent at the snapshot's version
+    assert isinstance(view.commit(old, {"status": "shipped"}), Stale)  # judged on the latest
+    latest = env.table.intent(1, "ship")  # from the store: the latest committed version
+    out = view.commit(latest, {"status": "shipped"})
+    assert isinstance(out, Committed) and out.record.version == 3
+    assert view.get(1).version == 3  # its own update, seen over the snapshot
+    env.conn.commit()
+    assert env.table.get(1).state["status"] == "shipped"
+
+
 def test_a_deadlock_between_two_callers_is_their_transaction_to_retry(env: Env) -> None:
     other = env.lender.connect(env.url)
     outcomes: dict[str, Any] = {}
