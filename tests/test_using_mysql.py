@@ -229,11 +229,14 @@ def test_a_deadlock_between_two_callers_is_their_transaction_to_retry(env: Env) 
 
 
 def test_a_failed_statement_leaves_the_callers_transaction_as_it_was(env: Env) -> None:
+    sql(env.conn, "SET time_zone = '+05:00'")  # the caller's; fencing's flows run in UTC
     env.audit("before")
     with pytest.raises(InvalidState):  # VARCHAR(40): too long, the statement fails
         env.view().commit(env.table.intent(1, "ship"), {"status": "x" * 100})
+    assert one(env.conn, "SELECT @@session.time_zone")[0] == "+05:00"
     env.audit("after")
     assert isinstance(env.view().commit(env.table.intent(1, "ship"), {"status": "ok"}), Committed)
+    assert one(env.conn, "SELECT @@session.time_zone")[0] == "+05:00"
     env.conn.commit()
     assert env.audited() == 2 and env.table.get(1).state["status"] == "ok"
 

@@ -25,6 +25,10 @@ server rolls its transaction back) and the exception goes on with a note saying 
 caller's next use of it raises the driver's "not connected" error. An exception out of
 the flow between batches rolls back to the savepoint.
 
+A flow's transaction runs with the session's ``time_zone`` at UTC, as on fencing's own
+sessions (the server's clock, ``UNIX_TIMESTAMP(NOW(6))``, is ambiguous in a DST zone's
+repeated hour), set back to the caller's at its end, in the same round trips.
+
 Multi-statement batches need the connection's multi-statement option: turned on once per
 connection (``COM_SET_OPTION``) when its client flags do not have it.
 
@@ -60,12 +64,20 @@ from .steps import Batch, Result, framed, one, unframed
 
 __all__ = ["AsyncMySQLBoundBackend", "MySQLBoundBackend", "bind", "bind_async"]
 
-_SAVEPOINT: Final = ("SAVEPOINT fencing", "RELEASE SAVEPOINT fencing")
-_OWN: Final = ("START TRANSACTION", "COMMIT")
+# The flow's transaction in the session's time zone set to UTC, as fencing's own
+# sessions have it (``UNIX_TIMESTAMP(NOW(6))`` is ambiguous in a DST zone's repeated
+# hour), the caller's own time zone set back after it.
+_UTC: Final = "SET @f_tz = @@session.time_zone, time_zone = '+00:00'"
+_TZ_BACK: Final = "SET time_zone = IFNULL(@f_tz, @@session.time_zone), @f_tz = NULL"
+_SAVEPOINT: Final = (f"SAVEPOINT fencing;\n{_UTC}", f"{_TZ_BACK};\nRELEASE SAVEPOINT fencing")
+_OWN: Final = (f"START TRANSACTION;\n{_UTC}", f"{_TZ_BACK};\nCOMMIT")
 _UNDO: Final = {
-    _SAVEPOINT: Batch("ROLLBACK TO SAVEPOINT fencing;\nRELEASE SAVEPOINT fencing", None),
-    _OWN: Batch("ROLLBACK", None),
+    _SAVEPOINT: Batch(
+        f"{_TZ_BACK};\nROLLBACK TO SAVEPOINT fencing;\nRELEASE SAVEPOINT fencing", None
+    ),
+    _OWN: Batch(f"{_TZ_BACK};\nROLLBACK", None),
 }
+_TZ_RESTORE: Final = Batch(_TZ_BACK, None)
 _IN_TRANS: Final = 1  # SERVER_STATUS_IN_TRANS
 _COM_SET_OPTION: Final = 27
 _MULTI_STATEMENTS_ON: Final = struct.pack("<H", 0)
@@ -101,7 +113,7 @@ class _On:
     """One flow on the caller's connection: how its transaction is framed, and where
     it stands (``open``: begun and not ended; ``io``: a batch on the wire)."""
 
-    __slots__ = ("conn", "frame", "io", "joined", "open")
+    __slots__ = ("conn", "frame", "io", "joined", "open", "tz_back")
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
@@ -109,6 +121,7 @@ class _On:
         self.joined = False  # the caller was in a transaction at the last batch
         self.open = False
         self.io = False
+        self.tz_back = False
 
     def batch(self, step: Batch) -> Batch:
         """The step as sent, framed as the connection is now."""
@@ -117,7 +130,6 @@ class _On:
         if step.begin:
             self.frame = _SAVEPOINT if self.joined else _OWN
             self.open = True  # from now on, until ended: the savepoint may exist
-        self.io = True
         return framed(step, *self.frame)
 
     def done(self, step: Batch) -> None:
@@ -126,9 +138,12 @@ class _On:
             self.open = False
 
     def server_error(self, exc: Exception) -> FencingError | None:
-        """What a server error becomes with nothing to undo; None: undo the frame first."""
+        """What a server error becomes with nothing to undo; None: undo the frame first.
+        (After a deadlock in a begun frame, the caller's time zone is to be set back:
+        ``tz_back``.)"""
         self.io = False
         if errno(exc) == DEADLOCK:
+            self.tz_back = self.open
             self.open = False  # the server rolled back the whole transaction
             if self.joined and self.frame is _SAVEPOINT:
                 return _rolled_back(exc)
@@ -206,12 +221,16 @@ class MySQLBoundBackend(BoundBackend):
             _turn_on_multi_statements(conn)
         batch = on.batch(step)
         try:
-            results = unframed(step, execute(conn, batch))
+            on.io = True
+            results = unframed(step, execute(conn, batch), 2, 2)
         except Exception as exc:
             if not (is_driver_error(exc) and in_step(exc)):
                 on.interrupted(exc, _close)
                 raise translated(exc) from exc
             error = on.server_error(exc)
+            if on.tz_back:
+                with suppress(Exception):  # the error says what happened; this is tidying
+                    execute(conn, _TZ_RESTORE)
             if error is None:
                 undo_exc = None
                 try:
@@ -232,20 +251,28 @@ class MySQLBoundBackend(BoundBackend):
 
 
 def _turn_on_multi_statements(conn: Any) -> None:
+    """One round trip, once per connection; interrupted, the connection is closed."""
     try:
         conn._execute_command(_COM_SET_OPTION, _MULTI_STATEMENTS_ON)
         conn._read_packet()
-    except Exception as exc:
-        raise translated(exc) from exc
+    except BaseException as exc:
+        _On(conn).interrupted(exc, _close)
+        if isinstance(exc, Exception):
+            raise translated(exc) from exc
+        raise
     conn.client_flag |= _MULTI_STATEMENTS
 
 
 async def _aturn_on_multi_statements(conn: Any) -> None:
+    """One round trip, once per connection; interrupted, the connection is closed."""
     try:
         await conn._execute_command(_COM_SET_OPTION, _MULTI_STATEMENTS_ON)
         await conn._read_packet()
-    except Exception as exc:
-        raise translated(exc) from exc
+    except BaseException as exc:
+        _On(conn).interrupted(exc, _close)
+        if isinstance(exc, Exception):
+            raise translated(exc) from exc
+        raise
     conn.client_flag |= _MULTI_STATEMENTS
 
 
@@ -288,12 +315,16 @@ class AsyncMySQLBoundBackend(AsyncBoundBackend):
             await _aturn_on_multi_statements(conn)
         batch = on.batch(step)
         try:
-            results = unframed(step, await aexecute(conn, batch))
+            on.io = True
+            results = unframed(step, await aexecute(conn, batch), 2, 2)
         except Exception as exc:
             if not (is_driver_error(exc) and in_step(exc)):
                 on.interrupted(exc, _close)
                 raise translated(exc) from exc
             error = on.server_error(exc)
+            if on.tz_back:
+                with suppress(Exception):  # the error says what happened; this is tidying
+                    await aexecute(conn, _TZ_RESTORE)
             if error is None:
                 undo_exc = None
                 try:

@@ -77,11 +77,12 @@ def framed(batch: Batch, begin: str, end: str) -> Batch:
     return Batch(SEPARATOR.join(parts), batch.params)
 
 
-def unframed(batch: Batch, results: list[Result]) -> list[Result]:
-    """The results of ``batch``'s own statements, without those of its framing."""
+def unframed(batch: Batch, results: list[Result], begin: int = 1, end: int = 1) -> list[Result]:
+    """The results of ``batch``'s own statements, without those of its framing (``begin``
+    and ``end``: how many statements each side of the framing has)."""
     if not (batch.begin or batch.end):
         return results
-    return results[1 if batch.begin else 0 : len(results) - 1 if batch.end else None]
+    return results[begin if batch.begin else 0 : len(results) - end if batch.end else None]
 
 
 def one(sql: str, *params: Any) -> Batch:
