@@ -6,14 +6,15 @@ transaction sent together as a multi-statement query, the conditional UPDATE dec
 and the record read back in the same transaction. How and why: ``docs/backends/mysql.md``.
 
 Files: ``settings`` (the URL's options), ``schema.sql`` / ``schema`` (fencing's tables and
-their upgrades), ``steps`` (``Batch``, the step the flows yield, and its ``Result``),
+their upgrades), ``steps`` (``Batch``, the step the flows yield, its ``Result``, and its framing),
 ``statements`` (fixed SQL), ``templates`` (SQL built per shape of request), ``values``
 (what a column value beyond JSON is bound as), ``answers``
 (what result rows mean), ``flows`` and ``effects`` (the operations as flows),
 ``restart`` (a transaction started again after a deadlock), ``errors`` (``translate``),
 ``connection`` (a batch on a connection, the rules after an exception), ``driver`` (the
-sync and async backends, one connection per flow), ``guard`` (the guard trigger on a
-user's table).
+sync and async backends, one connection per flow, each flow's transaction framed),
+``bound`` (the same flows on the caller's connection: ``store.using``), ``guard`` (the
+guard trigger on a user's table).
 """
 
 from __future__ import annotations
