@@ -177,6 +177,14 @@ def _rolled_back(exc: Exception) -> TransactionRolledBack:
     )
 
 
+def _lost(on: _On, exc: Exception) -> Exception:
+    """What ``exc`` (not an error the server sent, or one after which the frame could
+    not be undone) becomes, the connection closed; the note is on what is raised."""
+    error = translate(exc) if is_driver_error(exc) and not isinstance(exc, FencingError) else exc
+    on.interrupted(error, _close)
+    return error
+
+
 def _multi_statements(conn: Any) -> bool:
     """Whether the connection runs multi-statement batches already (else turned on)."""
     return bool(conn.client_flag & _MULTI_STATEMENTS)
@@ -225,8 +233,10 @@ class MySQLBoundBackend(BoundBackend):
             results = unframed(step, execute(conn, batch), 2, 2)
         except Exception as exc:
             if not (is_driver_error(exc) and in_step(exc)):
-                on.interrupted(exc, _close)
-                raise translated(exc) from exc
+                lost = _lost(on, exc)
+                if lost is exc:
+                    raise
+                raise lost from exc
             error = on.server_error(exc)
             if on.tz_back:
                 with suppress(Exception):  # the error says what happened; this is tidying
@@ -240,8 +250,7 @@ class MySQLBoundBackend(BoundBackend):
                 try:
                     error = on.undone(exc, undo_exc)
                 except Exception:
-                    on.interrupted(exc, _close)
-                    raise translate(exc) from exc
+                    raise _lost(on, exc) from exc
             raise error from exc
         except BaseException as exc:
             on.interrupted(exc, _close)
@@ -319,8 +328,10 @@ class AsyncMySQLBoundBackend(AsyncBoundBackend):
             results = unframed(step, await aexecute(conn, batch), 2, 2)
         except Exception as exc:
             if not (is_driver_error(exc) and in_step(exc)):
-                on.interrupted(exc, _close)
-                raise translated(exc) from exc
+                lost = _lost(on, exc)
+                if lost is exc:
+                    raise
+                raise lost from exc
             error = on.server_error(exc)
             if on.tz_back:
                 with suppress(Exception):  # the error says what happened; this is tidying
@@ -334,8 +345,7 @@ class AsyncMySQLBoundBackend(AsyncBoundBackend):
                 try:
                     error = on.undone(exc, undo_exc)
                 except Exception:
-                    on.interrupted(exc, _close)
-                    raise translate(exc) from exc
+                    raise _lost(on, exc) from exc
             raise error from exc
         except BaseException as exc:
             on.interrupted(exc, _close)
