@@ -400,3 +400,36 @@ def test_a_sqlalchemy_async_session(env: Env) -> None:
             await engine.dispose()
 
     asyncio.run(main())
+
+
+def test_a_guarded_collection_commit_in_two_batches_of_one_savepoint(env: Env) -> None:
+    carts = env.store.collection("carts")
+    carts.create("c1", {"status": "open", "n": 1})
+    view = env.store.using(env.conn).collection("carts")
+    intent = view.intent("c1", "close", guard={"status": "open"})
+    sent = _counting(env.conn)
+    out = view.commit(intent, {"status": "closed", "n": 1})
+    assert isinstance(out, Committed)
+    assert len(sent) == 2  # the guard judged on the record read FOR UPDATE, then the write
+    assert sent[0].startswith("SAVEPOINT fencing;") and sent[1].endswith(
+        "RELEASE SAVEPOINT fencing"
+    )
+    env.conn.rollback()
+    assert carts.get("c1").version == 1
+    env.audit("before")
+    wrong = view.commit(view.intent("c1", "close", guard={"status": "closed"}), {"status": "x"})
+    assert not wrong.committed
+    env.audit("after")
+    env.conn.commit()
+    assert env.audited() == 2 and carts.get("c1").version == 1
+
+
+def test_only_pymysql_and_aiomysql_connections(env: Env, tmp_path: Any) -> None:
+    import sqlite3
+
+    other = sqlite3.connect(tmp_path / "x.db")
+    try:
+        with pytest.raises(fencing.InvalidInput, match="PyMySQL"):
+            env.store.using(other)
+    finally:
+        other.close()
