@@ -26,6 +26,7 @@ from fencing import (
     Duplicate,
     Fenced,
     InvalidInput,
+    Missing,
     Stale,
     StoreClosed,
 )
@@ -312,6 +313,12 @@ def test_async_commit_rollback_and_refusal(env: Env) -> None:
             assert (await table.commit(await table.intent(2, "y"), {"status": "paid"})).committed
             assert isinstance(await view.commit(intent, {"status": "shipped"}), Duplicate)
             assert isinstance(await view.commit(stale, {"status": "x"}), Stale)
+            await conn.commit()
+            carts = store.collection("carts")
+            gone = await carts.create("c-1", {"n": 1})
+            assert await carts.delete("c-1")  # deleted by the store before the view commits
+            bound_carts = store.using(conn).collection("carts")
+            assert isinstance(await bound_carts.commit(gone.intent("x"), {"n": 2}), Missing)
             await conn.commit()
             with pytest.raises(InvalidInput, match="synchronous connection"):
                 store.using(env.conn)
