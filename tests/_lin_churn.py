@@ -37,6 +37,13 @@ from fencing.testing import HistoryWriter, Operation, lin_event
 COLLECTION = "hot"
 TABLE = "lin_t"
 UNKNOWN: Any = object()
+
+
+class Unrecorded(Exception):
+    """Raised by a driver's ``_do``: the operation certainly had no effect (its
+    transaction was rolled back) and is left out of the history, which then claims so."""
+
+
 #: per backend: histories and operations judged, outcomes unknown, connections killed
 STATS: dict[str, dict[str, int]] = {}
 
@@ -216,6 +223,8 @@ class SyncDriver(Driver):
         t0 = self.clock()
         try:
             value = self._do(call)
+        except Unrecorded:
+            return UNKNOWN
         except TransientStoreError:
             self.write(call, args, UNKNOWN, t0, None)
             return UNKNOWN
@@ -269,6 +278,8 @@ class AsyncDriver(Driver):
         t0 = self.clock()
         try:
             value = await self._do(call)
+        except Unrecorded:
+            return UNKNOWN
         except TransientStoreError:
             self.write(call, args, UNKNOWN, t0, None)
             return UNKNOWN

@@ -27,7 +27,7 @@ from fencing import TransientStoreError
 from fencing.testing import HistoryWriter, check_linearizable, read_lin_file
 
 from ._lenders import LENDERS
-from ._lin_churn import UNKNOWN, AsyncDriver, Call, SyncDriver, plan
+from ._lin_churn import AsyncDriver, Call, SyncDriver, Unrecorded, plan
 from .test_linearizability import _config, _judge, _prepare, _verdict
 
 pytestmark = pytest.mark.backends(only=lambda name: name in LENDERS)
@@ -37,10 +37,6 @@ DATA = {"get", "create", "delete", "commit", "commit_many"}
 
 
 ASYNC = pytest.mark.backends(only=lambda name: name in LENDERS and LENDERS[name].aconnect)
-
-
-class RolledBack(Exception):
-    """The caller rolled its transaction back: the operation had no effect."""
 
 
 class TxDriver(SyncDriver):
@@ -54,37 +50,24 @@ class TxDriver(SyncDriver):
         self.random = random.Random(seed)
         self.rolled_back = 0
 
-    def call(self, call: Call) -> Any:
+    def _do(self, call: Call) -> Any:
         if call.op not in DATA:
-            return super().call(call)
-        args = self.args(call)
-        t0 = self.clock()
-        try:
-            value = self._in_transaction(call)
-        except RolledBack:
-            self.rolled_back += 1
-            return UNKNOWN  # not recorded: it must have had no effect
-        except TransientStoreError:
-            self.write(call, args, UNKNOWN, t0, None)
-            return UNKNOWN
-        t1 = self.clock()
-        result = self.result(call, value)
-        self.write(call, args, result, t0, t1)
-        return result
+            return super()._do(call)
+        return self._in_transaction(call)
 
     def _in_transaction(self, call: Call) -> Any:
         self.store = self.base.using(self.conn)
         try:
-            value = self._do(call)
+            value = super()._do(call)
         except BaseException:
             self.conn.rollback()
-            self.store = self.base
             raise
         finally:
             self.store = self.base
         if self.random.random() < 0.2:
             self.conn.rollback()
-            raise RolledBack
+            self.rolled_back += 1
+            raise Unrecorded  # it had no effect: left out of the history
         try:
             self.conn.commit()
         except Exception as exc:  # the server's answer to COMMIT: unknown to us
@@ -169,28 +152,15 @@ class AsyncTxDriver(AsyncDriver):
         self.random = random.Random(seed)
         self.rolled_back = 0
 
-    async def call(self, call: Call) -> Any:
+    async def _do(self, call: Call) -> Any:
         if call.op not in DATA:
-            return await super().call(call)
-        args = self.args(call)
-        t0 = self.clock()
-        try:
-            value = await self._in_transaction(call)
-        except RolledBack:
-            self.rolled_back += 1
-            return UNKNOWN
-        except TransientStoreError:
-            self.write(call, args, UNKNOWN, t0, None)
-            return UNKNOWN
-        t1 = self.clock()
-        result = self.result(call, value)
-        self.write(call, args, result, t0, t1)
-        return result
+            return await super()._do(call)
+        return await self._in_transaction(call)
 
     async def _in_transaction(self, call: Call) -> Any:
         self.store = self.base.using(self.conn)
         try:
-            value = await self._do(call)
+            value = await super()._do(call)
         except BaseException:
             await self.conn.rollback()
             raise
@@ -198,7 +168,8 @@ class AsyncTxDriver(AsyncDriver):
             self.store = self.base
         if self.random.random() < 0.2:
             await self.conn.rollback()
-            raise RolledBack
+            self.rolled_back += 1
+            raise Unrecorded
         try:
             await self.conn.commit()
         except Exception as exc:
