@@ -15,7 +15,7 @@ import pytest
 import fencing
 from fencing import ConfigurationError, InvalidInput, OutboxMessage
 
-OUTBOX_STORES = {"memory", "sqlite-memory", "sqlite-file"}
+OUTBOX_STORES = {"memory", "sqlite-memory", "sqlite-file", "postgresql", "mysql"}
 pytestmark = pytest.mark.backends(only=lambda name: name in OUTBOX_STORES)
 
 

@@ -22,6 +22,7 @@ from . import guard, schema
 from . import statements as sql
 from .effects import EffectFlows
 from .errors import Deadlock, Retry
+from .outbox import PostgresOutboxFlows
 from .statements import FIXED
 from .steps import Answer, Pipeline, Query, read_only
 
@@ -209,7 +210,7 @@ def _lease_flow(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-class PostgresFlows(EffectFlows):
+class PostgresFlows(EffectFlows, PostgresOutboxFlows):
     """The flows of ``_contract.Flows`` for PostgreSQL (the effects' from ``EffectFlows``).
     ``schema`` is where ``migrate`` makes fencing's tables; the driver puts every
     statement's tables there (``statements.qualified``)."""

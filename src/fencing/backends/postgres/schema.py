@@ -15,8 +15,9 @@ from .steps import Answer, Pipeline, Query, read_only
 __all__ = ["SCHEMA_VERSION", "TABLES", "migrate"]
 
 # 2: fencing_effects (1 -> 2 only added a table and its indexes);
-# 3: an applied intent is keyed by (scope, intent_id, key): an id names work on one key
-SCHEMA_VERSION: Final = 3
+# 3: an applied intent is keyed by (scope, intent_id, key): an id names work on one key;
+# 4: the outbox (``outbox.sql``: 3 -> 4 only adds a table, a sequence and indexes)
+SCHEMA_VERSION: Final = 4
 
 
 def _statements(name: str) -> tuple[str, ...]:
@@ -34,9 +35,10 @@ _DDL: Final = (
     " WHERE v.version < excluded.version",
 )
 _EFFECTS_DDL: Final = _statements("effects.sql")  # new in version 2
+_OUTBOX_DDL: Final = _statements("outbox.sql")  # new in version 4
 #: fencing's tables, in the order the DDL makes them
 TABLES: Final = tuple(
-    re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", " ".join((*_DDL, *_EFFECTS_DDL)))
+    re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", " ".join((*_DDL, *_EFFECTS_DDL, *_OUTBOX_DDL)))
 )
 # 2 -> 3 (run under the migration lock; a second run only rebuilds the same key)
 _APPLIED_BY_KEY: Final = (
@@ -74,7 +76,7 @@ def migrate(schema: str | None) -> Flow[None]:
     queries = [Query(_MIGRATE_LOCK)]
     if schema is not None:
         queries.append(Query(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}"))
-    queries += [Query(ddl) for ddl in (*_DDL, *_EFFECTS_DDL)]
+    queries += [Query(ddl) for ddl in (*_DDL, *_EFFECTS_DDL, *_OUTBOX_DDL)]
     if stored is not None and stored < 3:
         queries.append(Query(_APPLIED_BY_KEY))
     queries.append(Query(_SCHEMA_VERSION))

@@ -41,7 +41,7 @@ def quoted(name: str) -> str:
 
 _OWN_TABLE: Final = re.compile(
     r"(?<![\w'\".])"
-    r"(fencing_(?:schema|records|applied|fences|leases|tombstones|effects))\b"
+    r"(fencing_(?:schema|records|applied|fences|leases|tombstones|effects|outbox_claim|outbox))\b"
 )
 
 

@@ -1,0 +1,138 @@
+"""PostgreSQL's outbox (``_contract.OutboxFlows``), part of the store's ``PostgresFlows``.
+Each operation is ONE statement: one round trip, its own transaction on the store's
+connections, a savepoint of the caller's transaction through ``store.using(conn)``.
+
+* ``outbox_add`` inserts the row and queues ``pg_notify('fencing_outbox', kind)`` in the
+  same statement: a relay listening on the channel (``listen.py``) wakes when the
+  writer's transaction commits, and never for a rolled-back row.
+* ``outbox_claim`` locks its candidates ``FOR UPDATE SKIP LOCKED`` (relays never wait
+  for each other, and never take the same row), then keeps a candidate's key only if it
+  could also lock every unsent row of that key and none is under a live claim: a key
+  whose earlier row another claim (committed, or in flight) holds is skipped whole, so
+  two concurrent claims never split a key. The token is ``nextval`` of a sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from ..._flow import Flow
+from ..._outbox import OUTBOX_COLUMNS, OutboxClaim, OutboxMessage, OutboxRow, OutboxStats, outbox_row
+from .statements import NOW, quoted
+from .steps import Answer, Query, read_only
+
+__all__ = ["CHANNEL", "PostgresOutboxFlows"]
+
+#: The channel ``outbox_add`` notifies (payload: the queue kind) when its row commits.
+CHANNEL: Final = "fencing_outbox"
+_COLUMNS: Final = ", ".join(OUTBOX_COLUMNS)
+_OF_R: Final = ", ".join(f"r.{c}" for c in OUTBOX_COLUMNS)
+ADD: Final = (
+    "WITH r AS (INSERT INTO fencing_outbox (kind, task, queue, payload, options, okey,"
+    f" created_at) VALUES (%(kind)s, %(task)s, %(queue)s, %(payload)s, %(options)s,"
+    f" %(okey)s, {NOW}) RETURNING {_COLUMNS})"
+    f" SELECT {_OF_R}, pg_notify('{CHANNEL}', r.kind)::text FROM r"
+)
+#: Candidates: unsent rows of a kind whose key no committed live claim holds, locked
+#: (skipping rows another transaction holds); ``mine``: every unsent row of their keys
+#: this claim could lock, as they are now; ``seen``: as the snapshot has them. A key is
+#: kept if both agree and no row of it is under a live claim.
+CLAIM: Final = (
+    "WITH cand AS (SELECT o.id, o.okey FROM fencing_outbox o WHERE o.sent_at IS NULL"
+    " AND o.kind = %(kind)s AND NOT EXISTS (SELECT 1 FROM fencing_outbox p"
+    f" WHERE p.okey = o.okey AND p.sent_at IS NULL AND p.claimed_until > {NOW})"
+    " ORDER BY o.id LIMIT %(limit)s FOR UPDATE OF o SKIP LOCKED),"
+    " mine AS (SELECT p.okey, p.claimed_until FROM fencing_outbox p"
+    " WHERE p.okey IN (SELECT okey FROM cand) AND p.sent_at IS NULL"
+    " FOR UPDATE OF p SKIP LOCKED),"
+    " seen AS (SELECT p.okey, count(*) AS n FROM fencing_outbox p"
+    " WHERE p.okey IN (SELECT okey FROM cand) AND p.sent_at IS NULL GROUP BY p.okey),"
+    " free AS (SELECT s.okey FROM seen s WHERE s.n = (SELECT count(*) FROM mine m"
+    f" WHERE m.okey = s.okey AND (m.claimed_until IS NULL OR m.claimed_until <= {NOW}))),"
+    f" c AS (SELECT nextval(%(seq)s::regclass) AS token, {NOW} AS now),"
+    " took AS (UPDATE fencing_outbox o SET claim_token = c.token, claimed_by = %(relay)s,"
+    " claimed_until = c.now + %(ttl)s::float8 FROM c WHERE o.id IN (SELECT cand.id"
+    f" FROM cand JOIN free USING (okey)) RETURNING {', '.join(f'o.{x}' for x in OUTBOX_COLUMNS)})"
+    f" SELECT c.token, c.now, {', '.join(f't.{x}' for x in OUTBOX_COLUMNS)}"
+    " FROM c LEFT JOIN took t ON true ORDER BY t.id"
+)
+DONE: Final = (
+    f"UPDATE fencing_outbox SET sent_at = {NOW}, claimed_until = NULL"
+    " WHERE claim_token = %(token)s AND sent_at IS NULL AND id = ANY(%(ids)s::bigint[])"
+)
+RELEASE: Final = (
+    "UPDATE fencing_outbox SET attempts = attempts + 1, last_error = %(error)s,"
+    " claim_token = NULL, claimed_by = NULL, claimed_until = NULL"
+    " WHERE claim_token = %(token)s AND sent_at IS NULL AND id = ANY(%(ids)s::bigint[])"
+)
+LIST: Final = (
+    f"SELECT {_COLUMNS} FROM fencing_outbox WHERE sent_at IS NULL"
+    " AND (%(kind)s::text IS NULL OR kind = %(kind)s) ORDER BY id LIMIT %(limit)s"
+)
+STATS: Final = (
+    f"SELECT count(*), min(created_at), {NOW} FROM fencing_outbox WHERE sent_at IS NULL"
+    " AND (%(kind)s::text IS NULL OR kind = %(kind)s)"
+)
+PRUNE: Final = (
+    f"DELETE FROM fencing_outbox WHERE sent_at IS NOT NULL AND sent_at < {NOW} - %(age)s::float8"
+)
+
+
+class PostgresOutboxFlows:
+    """The outbox's flows for PostgreSQL (a mixin of ``PostgresFlows``)."""
+
+    __slots__ = ()
+    schema: str | None
+
+    def _sequence(self) -> str:
+        name = "fencing_outbox_claim"
+        return name if self.schema is None else f"{quoted(self.schema)}.{name}"
+
+    def outbox_add(self, message: OutboxMessage) -> Flow[OutboxRow]:
+        params = {
+            "kind": message.kind,
+            "task": message.task,
+            "queue": message.queue,
+            "payload": message.payload,
+            "options": message.options_json(),
+            "okey": message.key,
+        }
+        found: Answer = yield Query(ADD, params)
+        return outbox_row(found.rows[0])
+
+    def outbox_claim(self, relay: str, kind: str, limit: int, ttl: float) -> Flow[OutboxClaim]:
+        params = {
+            "relay": relay,
+            "kind": kind,
+            "limit": limit,
+            "ttl": ttl,
+            "seq": self._sequence(),
+        }
+        found: Answer = yield Query(CLAIM, params)
+        token, now = int(found.rows[0][0]), float(found.rows[0][1])
+        rows = tuple(outbox_row(r[2:]) for r in found.rows if r[2] is not None)
+        return OutboxClaim(token, rows, now + ttl, now)
+
+    def outbox_done(self, token: int, ids: Sequence[int]) -> Flow[int]:
+        found = yield from read_only(Query(DONE, {"token": token, "ids": list(ids)}))
+        return int(found.rowcount)
+
+    def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> Flow[int]:
+        params = {"token": token, "ids": list(ids), "error": error}
+        found = yield from read_only(Query(RELEASE, params))
+        return int(found.rowcount)
+
+    def outbox_list(self, kind: str | None, limit: int) -> Flow[list[OutboxRow]]:
+        found = yield from read_only(Query(LIST, {"kind": kind, "limit": limit}))
+        return [outbox_row(r) for r in found.rows]
+
+    def outbox_stats(self, kind: str | None) -> Flow[OutboxStats]:
+        found = yield from read_only(Query(STATS, {"kind": kind}))
+        count, oldest, now = found.rows[0]
+        age = 0.0 if oldest is None else max(0.0, float(now) - float(oldest))
+        return OutboxStats(int(count), age, float(now))
+
+    def outbox_prune(self, older_than: float) -> Flow[int]:
+        found = yield from read_only(Query(PRUNE, {"age": float(older_than)}))
+        return int(found.rowcount)
