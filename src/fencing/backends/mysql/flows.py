@@ -23,6 +23,7 @@ from . import statements as sql
 from .answers import commit_result, judged, lease_answer, record_of
 from .effects import EffectFlows
 from .errors import DuplicateKey
+from .outbox import MySQLOutboxFlows
 from .restart import restarts_on_deadlock
 from .steps import Result, Script, one
 from .templates import Slots, add_commit, add_judge_reads, add_read, key_locks
@@ -85,7 +86,7 @@ def _lease(name: str, lock: str, change: str, *params: Any) -> Flow[LeaseAnswer]
     return lease_answer(name, results[read], results[changed].affected == 1)
 
 
-class MySQLFlows(EffectFlows):
+class MySQLFlows(EffectFlows, MySQLOutboxFlows):
     """The flows of ``_contract.Flows`` for MySQL / MariaDB."""
 
     __slots__ = ()

@@ -13,8 +13,9 @@ from .steps import Result, Script
 __all__ = ["DDL", "SCHEMA_VERSION", "TABLES", "migrate"]
 
 # 2: fencing_effects (1 -> 2 only added a table);
-# 3: an applied intent is keyed by (scope, intent_id, key_text): an id names work on one key
-SCHEMA_VERSION: Final = 3
+# 3: an applied intent is keyed by (scope, intent_id, key_text): an id names work on one key;
+# 4: the outbox (3 -> 4 only added two tables)
+SCHEMA_VERSION: Final = 4
 
 
 def _ddl() -> tuple[str, ...]:

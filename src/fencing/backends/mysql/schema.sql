@@ -63,3 +63,37 @@ CREATE TABLE IF NOT EXISTS fencing_effects (
   (IF(outcome IS NOT NULL AND reconciled_at IS NULL, recorded_at, NULL)) STORED,
   KEY fencing_effects_intent (scope, intent_id, recorded_at),
   KEY fencing_effects_open (open_since)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- the transactional outbox (schema version 4 and up; fencing._outbox): the columns of
+-- OUTBOX_COLUMNS, then two stored columns that stand in for partial indexes: a row's
+-- kind and key while it is unsent (else NULL), so a claim and the stats read unsent
+-- rows from their indexes, never the sent history
+CREATE TABLE IF NOT EXISTS fencing_outbox (
+  id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  kind VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  task VARCHAR(512) NOT NULL,
+  queue VARCHAR(255) NULL,
+  payload LONGTEXT NOT NULL,
+  options LONGTEXT NOT NULL,
+  okey VARCHAR(512) NOT NULL,
+  created_at DOUBLE NOT NULL,
+  attempts INT NOT NULL DEFAULT 0,
+  last_error TEXT NULL,
+  claim_token BIGINT NULL,
+  claimed_by VARCHAR(255) NULL,
+  claimed_until DOUBLE NULL,
+  sent_at DOUBLE NULL,
+  unsent_kind VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin
+  GENERATED ALWAYS AS (IF(sent_at IS NULL, kind, NULL)) STORED,
+  unsent_key VARCHAR(512) GENERATED ALWAYS AS (IF(sent_at IS NULL, okey, NULL)) STORED,
+  KEY fencing_outbox_unsent (unsent_kind, id),
+  KEY fencing_outbox_key (unsent_key, id),
+  KEY fencing_outbox_sent (sent_at)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+
+-- claim tokens: AUTO_INCREMENT, so a token is never handed out twice (InnoDB keeps
+-- the counter across restarts on MariaDB 10.2.4+ / MySQL 8)
+CREATE TABLE IF NOT EXISTS fencing_outbox_claims (
+  token BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  relay VARCHAR(255) NOT NULL,
+  claimed_at DOUBLE NOT NULL,
+  KEY fencing_outbox_claims_at (claimed_at)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

@@ -1,0 +1,184 @@
+"""MySQL's and MariaDB's outbox (``_contract.OutboxFlows``), part of the store's
+``MySQLFlows``. Unsent rows are read through the stored columns ``unsent_kind`` and
+``unsent_key`` and their indexes (``schema.sql``), never through the sent history.
+
+* ``outbox_add``: the INSERT and the row read back by ``LAST_INSERT_ID()``, one batch
+  (one round trip; a savepoint of the caller's transaction through ``store.using``).
+* ``outbox_claim``, one transaction in three round trips: its candidates (unsent rows
+  of the kind whose key no live claim holds, in id order) locked ``FOR UPDATE SKIP
+  LOCKED``, so relays never wait for each other nor take the same row; then every
+  unsent row of their keys, locked ``SKIP LOCKED`` too, beside their count as the
+  snapshot has it: a key is kept only if every one of its unsent rows could be locked
+  and none is under a live claim, so a key whose earlier row another claim (committed
+  or in flight) holds is skipped whole and two claims never split a key; then the new
+  token (``fencing_outbox_claims``, AUTO_INCREMENT) and the rows taken, read back.
+  SKIP LOCKED needs MariaDB 10.6+ or MySQL 8.0+.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from ..._flow import Flow
+from ..._outbox import OUTBOX_COLUMNS, OutboxClaim, OutboxMessage, OutboxRow, OutboxStats, outbox_row
+from .restart import restarts_on_deadlock
+from .statements import NOW, SET_NOW
+from .steps import Result, Script, one
+
+__all__ = ["MySQLOutboxFlows"]
+
+_COLUMNS: Final = ", ".join(OUTBOX_COLUMNS)
+ADD: Final = (
+    "INSERT INTO fencing_outbox (kind, task, queue, payload, options, okey, created_at)"
+    f" VALUES (%s, %s, %s, %s, %s, %s, {NOW})"
+)
+READ_ADDED: Final = f"SELECT {_COLUMNS} FROM fencing_outbox WHERE id = LAST_INSERT_ID()"
+CANDIDATES: Final = (
+    "SELECT o.id, o.okey FROM fencing_outbox o WHERE o.unsent_kind = %s"
+    " AND NOT EXISTS (SELECT 1 FROM fencing_outbox p WHERE p.unsent_key = o.okey"
+    " AND p.claimed_until > @f_now) ORDER BY o.id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+NEW_CLAIM: Final = "INSERT INTO fencing_outbox_claims (relay, claimed_at) VALUES (%s, @f_now)"
+DONE: Final = (
+    f"UPDATE fencing_outbox SET sent_at = {NOW}, claimed_until = NULL"
+    " WHERE claim_token = %s AND sent_at IS NULL AND id IN ({ids})"
+)
+RELEASE: Final = (
+    "UPDATE fencing_outbox SET attempts = attempts + 1, last_error = %s, claim_token = NULL,"
+    " claimed_by = NULL, claimed_until = NULL WHERE claim_token = %s AND sent_at IS NULL"
+    " AND id IN ({ids})"
+)
+LIST_ALL: Final = (
+    f"SELECT {_COLUMNS} FROM fencing_outbox WHERE unsent_kind IS NOT NULL ORDER BY id LIMIT %s"
+)
+LIST_KIND: Final = (
+    f"SELECT {_COLUMNS} FROM fencing_outbox WHERE unsent_kind = %s ORDER BY id LIMIT %s"
+)
+STATS_ALL: Final = (
+    f"SELECT COUNT(*), MIN(created_at), {NOW} FROM fencing_outbox WHERE unsent_kind IS NOT NULL"
+)
+STATS_KIND: Final = (
+    f"SELECT COUNT(*), MIN(created_at), {NOW} FROM fencing_outbox WHERE unsent_kind = %s"
+)
+PRUNE: Final = f"DELETE FROM fencing_outbox WHERE sent_at < {NOW} - %s"
+# the newest claim is kept: its AUTO_INCREMENT then never goes back, even on old servers
+PRUNE_CLAIMS: Final = (
+    "SET @f_top = (SELECT MAX(token) FROM fencing_outbox_claims);\n"
+    f"DELETE FROM fencing_outbox_claims WHERE claimed_at < {NOW} - %s AND token < @f_top"
+)
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return ", ".join(str(int(i)) for i in ids) or "NULL"
+
+
+def _marks(n: int) -> str:
+    return ", ".join(["%s"] * n)
+
+
+class MySQLOutboxFlows:
+    """The outbox's flows for MySQL and MariaDB (a mixin of ``MySQLFlows``)."""
+
+    __slots__ = ()
+
+    @restarts_on_deadlock
+    def outbox_add(self, message: OutboxMessage) -> Flow[OutboxRow]:
+        script = Script(begin=True)
+        script.add(
+            ADD,
+            message.kind,
+            message.task,
+            message.queue,
+            message.payload,
+            message.options_json(),
+            message.key,
+        )
+        read = script.add(READ_ADDED)
+        results: list[Result] = yield script.batch(end=True)
+        return outbox_row(results[read].rows[0])
+
+    @restarts_on_deadlock
+    def outbox_claim(self, relay: str, kind: str, limit: int, ttl: float) -> Flow[OutboxClaim]:
+        script = Script(begin=True)
+        script.add(SET_NOW)
+        now_at = script.add("SELECT @f_now")
+        cand_at = script.add(CANDIDATES, kind, limit)
+        results: list[Result] = yield script.batch()
+        now = float(results[now_at].rows[0][0])
+        cand = [(int(i), str(k)) for i, k in results[cand_at].rows]
+        keys = sorted({k for _, k in cand})
+        free: set[str] = set()
+        if keys:
+            script = Script()
+            mine_at = script.add(
+                "SELECT okey, claimed_until FROM fencing_outbox"
+                f" WHERE unsent_key IN ({_marks(len(keys))}) FOR UPDATE SKIP LOCKED",
+                *keys,
+            )
+            seen_at = script.add(
+                "SELECT okey, COUNT(*) FROM fencing_outbox"
+                f" WHERE unsent_key IN ({_marks(len(keys))}) GROUP BY okey",
+                *keys,
+            )
+            results = yield script.batch()
+            mine: dict[str, int] = {}
+            for key, until in results[mine_at].rows:
+                if until is None or float(until) <= now:
+                    mine[str(key)] = mine.get(str(key), 0) + 1
+                else:
+                    mine[str(key)] = -(10**9)  # held by a live claim
+            seen = {str(k): int(n) for k, n in results[seen_at].rows}
+            free = {k for k in keys if seen.get(k) == mine.get(k)}
+        ids = [i for i, k in cand if k in free]
+        script = Script()
+        script.add(NEW_CLAIM, relay)
+        token_at = script.add("SELECT LAST_INSERT_ID()")
+        rows_at = None
+        if ids:
+            script.add(
+                "UPDATE fencing_outbox SET claim_token = LAST_INSERT_ID(), claimed_by = %s,"
+                f" claimed_until = @f_now + %s WHERE id IN ({_ids(ids)})",
+                relay,
+                float(ttl),
+            )
+            rows_at = script.add(
+                f"SELECT {_COLUMNS} FROM fencing_outbox WHERE id IN ({_ids(ids)}) ORDER BY id"
+            )
+        results = yield script.batch(end=True)
+        token = int(results[token_at].rows[0][0])
+        rows = () if rows_at is None else tuple(outbox_row(r) for r in results[rows_at].rows)
+        return OutboxClaim(token, rows, now + ttl, now)
+
+    @restarts_on_deadlock
+    def outbox_done(self, token: int, ids: Sequence[int]) -> Flow[int]:
+        results: list[Result] = yield one(DONE.format(ids=_ids(ids)), int(token))
+        return results[0].affected
+
+    @restarts_on_deadlock
+    def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> Flow[int]:
+        results: list[Result] = yield one(RELEASE.format(ids=_ids(ids)), error, int(token))
+        return results[0].affected
+
+    @restarts_on_deadlock
+    def outbox_list(self, kind: str | None, limit: int) -> Flow[list[OutboxRow]]:
+        batch = one(LIST_ALL, limit) if kind is None else one(LIST_KIND, kind, limit)
+        results: list[Result] = yield batch
+        return [outbox_row(r) for r in results[0].rows]
+
+    @restarts_on_deadlock
+    def outbox_stats(self, kind: str | None) -> Flow[OutboxStats]:
+        batch = one(STATS_ALL) if kind is None else one(STATS_KIND, kind)
+        results: list[Result] = yield batch
+        count, oldest, now = results[0].rows[0]
+        age = 0.0 if oldest is None else max(0.0, float(now) - float(oldest))
+        return OutboxStats(int(count), age, float(now))
+
+    @restarts_on_deadlock
+    def outbox_prune(self, older_than: float) -> Flow[int]:
+        age: Any = float(older_than)
+        script = Script()
+        gone = script.add(PRUNE, age)
+        script.add(PRUNE_CLAIMS, age, statements=2)
+        results: list[Result] = yield script.batch()
+        return results[gone].affected
