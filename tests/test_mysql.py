@@ -685,7 +685,7 @@ def test_store_before_effects_gains_them_on_migrate(opener: Opener, mysql_url: s
         bare.collection("orders").effect(late, "charge")
 
     store = opener()  # migrates: the table and its indexes appear, the version moves on
-    assert _sql(mysql_url, "SELECT component, version FROM fencing_schema") == [("core", 3)]
+    assert _sql(mysql_url, "SELECT component, version FROM fencing_schema") == [("core", 4)]
     indexes = _sql(
         mysql_url,
         "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS"
@@ -702,7 +702,7 @@ def test_store_before_effects_gains_them_on_migrate(opener: Opener, mysql_url: s
     marked = store.mark_reconciled(listed)
 
     store.migrate()  # again: nothing changes, nothing is lost
-    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(3,)]
+    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(4,)]
     assert store.get_effect(fx.idempotency_key) == marked
     assert store.effects_to_reconcile() == []
 

@@ -52,14 +52,15 @@ FENCING_TABLES = {
     "fencing_tombstones",
     "fencing_effects",
 }
-#: the outbox's tables (schema 4), on the stores that have them so far
+#: the outbox's tables (schema 4); PostgreSQL's claim tokens come from a sequence
 OUTBOX_TABLES = {"fencing_outbox", "fencing_outbox_claims"}
-OUTBOX_SITES = {"sqlite-file"}
+POSTGRES_OUTBOX_TABLES = {"fencing_outbox"}
 
 
 def tables_of(site_name: str) -> set[str]:
     """fencing's tables on the store of a site (by its case name)."""
-    return FENCING_TABLES | (OUTBOX_TABLES if site_name in OUTBOX_SITES else set())
+    pg = site_name.startswith("postgresql")
+    return FENCING_TABLES | (POSTGRES_OUTBOX_TABLES if pg else OUTBOX_TABLES)
 
 
 ENV_PY = """\

@@ -109,6 +109,8 @@ def downgrade_fencing(op: Migration | Connection, *, schema: str | None = None) 
     where = f"{quote.quote_schema(schema)}." if schema is not None else ""
     for name in reversed(TABLES):
         bind.execute(text(f"DROP TABLE IF EXISTS {where}{quote.quote(name)}"))
+    if dialect == "postgresql":  # the outbox's claim tokens (schema 4)
+        bind.execute(text(f"DROP SEQUENCE IF EXISTS {where}fencing_outbox_claim"))
 
 
 def _bind(op: Migration | Connection) -> Connection:
