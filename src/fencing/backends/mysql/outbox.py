@@ -10,13 +10,15 @@
   unsent row of their keys, locked ``SKIP LOCKED`` too, beside their count as the
   snapshot has it: a key is kept only if every one of its unsent rows could be locked
   and none is under a live claim, so a key whose earlier row another claim (committed
-  or in flight) holds is skipped whole and two claims never split a key; then the new
+  or in flight) holds is skipped whole and two claims never split a key, and of a kept
+  key only a prefix of its rows (a candidate past a row left out stays); then the new
   token (``fencing_outbox_claims``, AUTO_INCREMENT) and the rows taken, read back.
   SKIP LOCKED needs MariaDB 10.6+ or MySQL 8.0+.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -109,10 +111,11 @@ class MySQLOutboxFlows:
         cand = [(int(i), str(k)) for i, k in results[cand_at].rows]
         keys = sorted({k for _, k in cand})
         free: set[str] = set()
+        earlier: dict[str, list[int]] = defaultdict(list)
         if keys:
             script = Script()
             mine_at = script.add(
-                "SELECT okey, claimed_until FROM fencing_outbox"
+                "SELECT id, okey, kind, claimed_until FROM fencing_outbox"
                 f" WHERE unsent_key IN ({_marks(len(keys))}) FOR UPDATE SKIP LOCKED",
                 *keys,
             )
@@ -122,15 +125,24 @@ class MySQLOutboxFlows:
                 *keys,
             )
             results = yield script.batch()
-            mine: dict[str, int] = {}
-            for key, until in results[mine_at].rows:
-                if until is None or float(until) <= now:
-                    mine[str(key)] = mine.get(str(key), 0) + 1
-                else:
-                    mine[str(key)] = -(10**9)  # held by a live claim
+            lockable: dict[str, int] = defaultdict(int)
+            held: set[str] = set()
+            earlier: dict[str, list[int]] = defaultdict(list)  # the key's rows of the kind
+            for rid, key, rkind, until in results[mine_at].rows:
+                lockable[str(key)] += 1
+                if until is not None and float(until) > now:
+                    held.add(str(key))
+                if rkind == kind:
+                    earlier[str(key)].append(int(rid))
             seen = {str(k): int(n) for k, n in results[seen_at].rows}
-            free = {k for k in keys if seen.get(k) == mine.get(k)}
-        ids = [i for i, k in cand if k in free]
+            free = {k for k in keys if k not in held and seen.get(k) == lockable.get(k)}
+        # of a free key, a prefix of its rows: never a candidate past a row left out
+        # (skipped while another claim held it, since released)
+        taken = {i for i, _ in cand}
+        ids = []
+        for i, k in cand:
+            if k in free and all(e in taken for e in earlier[k] if e < i):
+                ids.append(i)
         script = Script()
         script.add(NEW_CLAIM, relay)
         token_at = script.add("SELECT LAST_INSERT_ID()")

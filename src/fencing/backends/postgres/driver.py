@@ -31,6 +31,7 @@ from .._base import FlowBackend
 from .._contract import AsyncBackend, Backend, Flows
 from .._pool import Pool
 from . import bound
+from .listen import AsyncPostgresWaker, PostgresWaker
 from .errors import CONFIG_STATES, CONFIG_TEXT, translate
 from .flows import PostgresFlows
 from .settings import Settings
@@ -139,6 +140,13 @@ class PostgresBackend(_Postgres, FlowBackend):
             raise error  # not chained: see _unreachable
         pool.put(slot)
 
+    def outbox_waiter(self, kind: str | None = None) -> PostgresWaker:
+        """A relay's waker: a dedicated connection that ``LISTEN``s for committed outbox
+        rows (of queue ``kind``, or any), ``listen.PostgresWaker``."""
+        return PostgresWaker(
+            self.settings.conninfo, kind=kind, connect_kwargs=dict(self.settings.connect_kwargs)
+        )
+
     def bind(self, borrowed: Borrowed) -> bound.PostgresBoundBackend:
         """The store's flows on the caller's psycopg connection (``store.using``)."""
         found: bound.PostgresBoundBackend = bound.bind(self, borrowed)
@@ -220,6 +228,12 @@ class AsyncPostgresBackend(_Postgres, AsyncFlowBackend):
         if error is not None:
             raise error  # not chained: see _unreachable
         await self.pool.open(wait=False)
+
+    def outbox_waiter(self, kind: str | None = None) -> AsyncPostgresWaker:
+        """A relay's waker on the event loop (``listen.AsyncPostgresWaker``)."""
+        return AsyncPostgresWaker(
+            self.settings.conninfo, kind=kind, connect_kwargs=dict(self.settings.connect_kwargs)
+        )
 
     def bind(self, borrowed: Borrowed) -> bound.AsyncPostgresBoundBackend:
         """The store's flows on the caller's psycopg ``AsyncConnection`` (``store.using``)."""

@@ -37,13 +37,16 @@ ADD: Final = (
 #: Candidates: unsent rows of a kind whose key no committed live claim holds, locked
 #: (skipping rows another transaction holds); ``mine``: every unsent row of their keys
 #: this claim could lock, as they are now; ``seen``: as the snapshot has them. A key is
-#: kept if both agree and no row of it is under a live claim.
+#: kept if both agree and no row of it is under a live claim; of a kept key, a candidate
+#: is taken only if every earlier unsent row of its key and kind is a candidate too (a
+#: row skipped while another claim held it, since released, stays behind with all the
+#: key's later rows: a claim takes a prefix of each key's rows, never a row past a gap).
 CLAIM: Final = (
     "WITH cand AS (SELECT o.id, o.okey FROM fencing_outbox o WHERE o.sent_at IS NULL"
     " AND o.kind = %(kind)s AND NOT EXISTS (SELECT 1 FROM fencing_outbox p"
     f" WHERE p.okey = o.okey AND p.sent_at IS NULL AND p.claimed_until > {NOW})"
     " ORDER BY o.id LIMIT %(limit)s FOR UPDATE OF o SKIP LOCKED),"
-    " mine AS (SELECT p.okey, p.claimed_until FROM fencing_outbox p"
+    " mine AS (SELECT p.id, p.okey, p.kind, p.claimed_until FROM fencing_outbox p"
     " WHERE p.okey IN (SELECT okey FROM cand) AND p.sent_at IS NULL"
     " FOR UPDATE OF p SKIP LOCKED),"
     " seen AS (SELECT p.okey, count(*) AS n FROM fencing_outbox p"
@@ -53,7 +56,9 @@ CLAIM: Final = (
     f" c AS (SELECT nextval(%(seq)s::regclass) AS token, {NOW} AS now),"
     " took AS (UPDATE fencing_outbox o SET claim_token = c.token, claimed_by = %(relay)s,"
     " claimed_until = c.now + %(ttl)s::float8 FROM c WHERE o.id IN (SELECT cand.id"
-    f" FROM cand JOIN free USING (okey)) RETURNING {', '.join(f'o.{x}' for x in OUTBOX_COLUMNS)})"
+    " FROM cand JOIN free USING (okey) WHERE NOT EXISTS (SELECT 1 FROM mine m"
+    " WHERE m.okey = cand.okey AND m.kind = %(kind)s AND m.id < cand.id"
+    f" AND m.id NOT IN (SELECT id FROM cand))) RETURNING {', '.join(f'o.{x}' for x in OUTBOX_COLUMNS)})"
     f" SELECT c.token, c.now, {', '.join(f't.{x}' for x in OUTBOX_COLUMNS)}"
     " FROM c LEFT JOIN took t ON true ORDER BY t.id"
 )
