@@ -23,7 +23,14 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from ..._flow import Flow
-from ..._outbox import OUTBOX_COLUMNS, OutboxClaim, OutboxMessage, OutboxRow, OutboxStats, outbox_row
+from ..._outbox import (
+    OUTBOX_COLUMNS,
+    OutboxClaim,
+    OutboxMessage,
+    OutboxRow,
+    OutboxStats,
+    outbox_row,
+)
 from .restart import restarts_on_deadlock
 from .statements import NOW, SET_NOW
 from .steps import Result, Script, one
@@ -111,7 +118,7 @@ class MySQLOutboxFlows:
         cand = [(int(i), str(k)) for i, k in results[cand_at].rows]
         keys = sorted({k for _, k in cand})
         free: set[str] = set()
-        earlier: dict[str, list[int]] = defaultdict(list)
+        earlier: dict[str, list[int]] = defaultdict(list)  # a key's unsent rows of the kind
         if keys:
             script = Script()
             mine_at = script.add(
@@ -127,7 +134,6 @@ class MySQLOutboxFlows:
             results = yield script.batch()
             lockable: dict[str, int] = defaultdict(int)
             held: set[str] = set()
-            earlier: dict[str, list[int]] = defaultdict(list)  # the key's rows of the kind
             for rid, key, rkind, until in results[mine_at].rows:
                 lockable[str(key)] += 1
                 if until is not None and float(until) > now:

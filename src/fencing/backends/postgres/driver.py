@@ -31,9 +31,9 @@ from .._base import FlowBackend
 from .._contract import AsyncBackend, Backend, Flows
 from .._pool import Pool
 from . import bound
-from .listen import AsyncPostgresWaker, PostgresWaker
 from .errors import CONFIG_STATES, CONFIG_TEXT, translate
 from .flows import PostgresFlows
+from .listen import AsyncPostgresWaker, PostgresWaker
 from .settings import Settings
 from .statements import SEARCH_PATH, qualified
 from .steps import Answer, Query, Step, answer, has_rows

@@ -53,7 +53,11 @@ class PostgresWaker:
     """A relay's :class:`fencing.contrib.relay.Waker` that listens on PostgreSQL."""
 
     def __init__(
-        self, conninfo: str, *, kind: str | None = None, connect_kwargs: dict[str, Any] | None = None
+        self,
+        conninfo: str,
+        *,
+        kind: str | None = None,
+        connect_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.conninfo = conninfo
         self.kind = kind
@@ -138,7 +142,11 @@ class AsyncPostgresWaker:
     """A relay's :class:`fencing.contrib.relay.AsyncWaker` that listens on PostgreSQL."""
 
     def __init__(
-        self, conninfo: str, *, kind: str | None = None, connect_kwargs: dict[str, Any] | None = None
+        self,
+        conninfo: str,
+        *,
+        kind: str | None = None,
+        connect_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.conninfo = conninfo
         self.kind = kind

@@ -18,7 +18,14 @@ from collections.abc import Sequence
 from typing import Final
 
 from ..._flow import Flow
-from ..._outbox import OUTBOX_COLUMNS, OutboxClaim, OutboxMessage, OutboxRow, OutboxStats, outbox_row
+from ..._outbox import (
+    OUTBOX_COLUMNS,
+    OutboxClaim,
+    OutboxMessage,
+    OutboxRow,
+    OutboxStats,
+    outbox_row,
+)
 from .statements import NOW, quoted
 from .steps import Answer, Query, read_only
 
@@ -28,6 +35,8 @@ __all__ = ["CHANNEL", "PostgresOutboxFlows"]
 CHANNEL: Final = "fencing_outbox"
 _COLUMNS: Final = ", ".join(OUTBOX_COLUMNS)
 _OF_R: Final = ", ".join(f"r.{c}" for c in OUTBOX_COLUMNS)
+_OF_O: Final = ", ".join(f"o.{c}" for c in OUTBOX_COLUMNS)
+_OF_T: Final = ", ".join(f"t.{c}" for c in OUTBOX_COLUMNS)
 ADD: Final = (
     "WITH r AS (INSERT INTO fencing_outbox (kind, task, queue, payload, options, okey,"
     f" created_at) VALUES (%(kind)s, %(task)s, %(queue)s, %(payload)s, %(options)s,"
@@ -58,8 +67,8 @@ CLAIM: Final = (
     " claimed_until = c.now + %(ttl)s::float8 FROM c WHERE o.id IN (SELECT cand.id"
     " FROM cand JOIN free USING (okey) WHERE NOT EXISTS (SELECT 1 FROM mine m"
     " WHERE m.okey = cand.okey AND m.kind = %(kind)s AND m.id < cand.id"
-    f" AND m.id NOT IN (SELECT id FROM cand))) RETURNING {', '.join(f'o.{x}' for x in OUTBOX_COLUMNS)})"
-    f" SELECT c.token, c.now, {', '.join(f't.{x}' for x in OUTBOX_COLUMNS)}"
+    f" AND m.id NOT IN (SELECT id FROM cand))) RETURNING {_OF_O})"
+    f" SELECT c.token, c.now, {_OF_T}"
     " FROM c LEFT JOIN took t ON true ORDER BY t.id"
 )
 DONE: Final = (
