@@ -217,3 +217,48 @@ def test_the_async_waker(store_url: str) -> None:
             await store.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.backends(only=lambda name: name == "postgresql")
+def test_an_idle_relay_on_the_listen_waker_publishes_a_committed_row(
+    store: Any, store_url: str
+) -> None:
+    """A relay polling once a minute, waiting on PostgreSQL's waker: a row committed
+    through the caller's connection is published long before the poll would come."""
+    from fencing.contrib.relay import Relay
+
+    sent: list[Any] = []
+
+    class Publisher:
+        kind = "celery"
+
+        def publish(self, row: Any) -> None:
+            sent.append(row)
+
+        def close(self) -> None:
+            pass
+
+    (a,) = _records(store, "a")
+    relay = Relay(store, Publisher(), poll=600.0, waker=store.backend.outbox_waiter("celery"))
+    relay.waker.listen()
+    runner = threading.Thread(target=relay.run)
+    runner.start()
+    try:
+        conn = LENDERS["postgresql"].connect(store_url)
+        try:
+            row = store.using(conn).outbox.send(TASK, a, "ship")
+            conn.commit()
+        finally:
+            conn.close()
+        done = threading.Event()
+        for _ in range(3000):
+            if sent:
+                done.set()
+                break
+            threading.Event().wait(0.01)
+        assert done.is_set() and [r.id for r in sent] == [row.id]
+    finally:
+        relay.stop()
+        runner.join(30)
+        relay.close()
+    assert not runner.is_alive()  # stop() woke the waker's wait

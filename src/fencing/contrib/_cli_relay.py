@@ -200,6 +200,13 @@ def _logging(level: str) -> None:
         log.propagate = False
 
 
+def _waker(store: Any, args: argparse.Namespace) -> Any:
+    """The store's own wake-ups when it has them (PostgreSQL: ``LISTEN``, its
+    ``backend.outbox_waiter``), for a relay that waits (not ``--once``); None: poll."""
+    make = getattr(store.backend, "outbox_waiter", None)
+    return None if make is None or args.once else make(args.queue)
+
+
 def run(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     app = load_app(args.app)
@@ -218,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
             poll=args.poll,
             ttl=args.ttl,
             retention=args.retention,
+            waker=_waker(store, args),
         )
         progress = _progress(args, relay.backlog().pending)
         relay.on_batch = progress.update
@@ -263,6 +271,7 @@ async def _run_async(args: argparse.Namespace, app: Any) -> int:
             poll=args.poll,
             ttl=args.ttl,
             retention=args.retention,
+            waker=_waker(store, args),
         )
         progress = _progress(args, (await relay.backlog()).pending)
         relay.on_batch = progress.update

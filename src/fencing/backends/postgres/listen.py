@@ -27,6 +27,7 @@ import contextlib
 import os
 import select
 import threading
+import time
 from typing import Any, Final
 
 import psycopg
@@ -115,11 +116,12 @@ class PostgresWaker:
             try:
                 if _drain(conn, self.kind) or self._woken():
                     return True
-                ready, _, _ = select.select([conn.fileno(), self._r], [], [], max(0.0, timeout))
-                woken = self._woken()
-                if conn.fileno() in ready:
-                    return _drain(conn, self.kind) or woken
-                return woken
+                deadline = time.monotonic() + max(0.0, timeout)
+                while (left := deadline - time.monotonic()) > 0:
+                    ready, _, _ = select.select([conn.fileno(), self._r], [], [], left)
+                    if self._woken() or (conn.fileno() in ready and _drain(conn, self.kind)):
+                        return True  # (a notification of another kind waits on)
+                return False
             except (psycopg.Error, OSError, ValueError):
                 self._forget()
                 return True
@@ -211,17 +213,17 @@ class AsyncPostgresWaker:
             return woken
         self._lost = False
         try:
-            self._readable.clear()
-            if _drain(conn, self.kind) or self._event.is_set():
-                self._event.clear()
-                return True
-            await self._either(timeout)
-            woken = self._event.is_set()
-            self._event.clear()
-            if self._readable.is_set():
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + max(0.0, timeout)
+            while True:
                 self._readable.clear()
-                return _drain(conn, self.kind) or woken
-            return woken
+                if _drain(conn, self.kind) or self._event.is_set():
+                    self._event.clear()
+                    return True
+                left = deadline - loop.time()
+                if left <= 0:
+                    return False
+                await self._either(left)  # the socket had something, or wake(), or time
         except (psycopg.Error, OSError, ValueError):
             self._forget()
             return True
