@@ -120,16 +120,19 @@ class MySQLOutboxFlows:
         free: set[str] = set()
         earlier: dict[str, list[int]] = defaultdict(list)  # a key's unsent rows of the kind
         if keys:
+            last = max(i for i, _ in cand)  # a key's later rows do not matter: not locked
             script = Script()
             mine_at = script.add(
                 "SELECT id, okey, kind, claimed_until FROM fencing_outbox"
-                f" WHERE unsent_key IN ({_marks(len(keys))}) FOR UPDATE SKIP LOCKED",
+                f" WHERE unsent_key IN ({_marks(len(keys))}) AND id <= %s FOR UPDATE SKIP LOCKED",
                 *keys,
+                last,
             )
             seen_at = script.add(
                 "SELECT okey, COUNT(*) FROM fencing_outbox"
-                f" WHERE unsent_key IN ({_marks(len(keys))}) GROUP BY okey",
+                f" WHERE unsent_key IN ({_marks(len(keys))}) AND id <= %s GROUP BY okey",
                 *keys,
+                last,
             )
             results = yield script.batch()
             lockable: dict[str, int] = defaultdict(int)

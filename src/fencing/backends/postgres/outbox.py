@@ -45,7 +45,9 @@ ADD: Final = (
 )
 #: Candidates: unsent rows of a kind whose key no committed live claim holds, locked
 #: (skipping rows another transaction holds); ``mine``: every unsent row of their keys
-#: this claim could lock, as they are now; ``seen``: as the snapshot has them. A key is
+#: up to the last candidate this claim could lock, as they are now (a key's later rows
+#: do not matter, and are not locked: a claim costs its rows, not the key's backlog);
+#: ``seen``: as the snapshot has them. A key is
 #: kept if both agree and no row of it is under a live claim; of a kept key, a candidate
 #: is taken only if every earlier unsent row of its key and kind is a candidate too (a
 #: row skipped while another claim held it, since released, stays behind with all the
@@ -57,9 +59,10 @@ CLAIM: Final = (
     " ORDER BY o.id LIMIT %(limit)s FOR UPDATE OF o SKIP LOCKED),"
     " mine AS (SELECT p.id, p.okey, p.kind, p.claimed_until FROM fencing_outbox p"
     " WHERE p.okey IN (SELECT okey FROM cand) AND p.sent_at IS NULL"
-    " FOR UPDATE OF p SKIP LOCKED),"
+    " AND p.id <= (SELECT max(id) FROM cand) FOR UPDATE OF p SKIP LOCKED),"
     " seen AS (SELECT p.okey, count(*) AS n FROM fencing_outbox p"
-    " WHERE p.okey IN (SELECT okey FROM cand) AND p.sent_at IS NULL GROUP BY p.okey),"
+    " WHERE p.okey IN (SELECT okey FROM cand) AND p.sent_at IS NULL"
+    " AND p.id <= (SELECT max(id) FROM cand) GROUP BY p.okey),"
     " free AS (SELECT s.okey FROM seen s WHERE s.n = (SELECT count(*) FROM mine m"
     f" WHERE m.okey = s.okey AND (m.claimed_until IS NULL OR m.claimed_until <= {NOW}))),"
     f" c AS (SELECT nextval(%(seq)s::regclass) AS token, {NOW} AS now),"
