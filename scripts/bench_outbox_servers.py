@@ -46,7 +46,9 @@ def _fill(store: fencing.Store, url: str) -> None:
     else:
         import pymysql
 
-        conn = pymysql.connect(host="127.0.0.1", user="root", database=url.rsplit("/", 1)[1].split("?")[0])
+        conn = pymysql.connect(
+            host="127.0.0.1", user="root", database=url.rsplit("/", 1)[1].split("?")[0]
+        )
         with conn.cursor() as cur:
             for i in range(0, len(rows), 5000):
                 cur.executemany(
