@@ -34,6 +34,7 @@ __all__ = [
     "MAX_PAYLOAD_BYTES",
     "OUTBOX_COLUMNS",
     "QUEUE_KINDS",
+    "STORED_COLUMNS",
     "OutboxClaim",
     "OutboxMessage",
     "OutboxRow",
@@ -51,6 +52,8 @@ MAX_PAYLOAD_BYTES: Final = 256 * 1024
 MAX_OPTIONS_BYTES: Final = 16 * 1024
 MAX_TASK_CHARS: Final = 512
 MAX_CLAIM: Final = 10_000
+#: The columns ``outbox_add`` writes from a message (``OutboxMessage.stored()``).
+STORED_COLUMNS: Final = ("kind", "task", "queue", "payload", "options", "okey")
 #: The stored row, in this order, on every backend (``options`` is a JSON object; the
 #: claim's columns are NULL until a relay claims the row, ``sent_at`` until it is sent).
 OUTBOX_COLUMNS: Final = (
@@ -87,6 +90,11 @@ class OutboxMessage:
 
     def options_json(self) -> str:
         return json.dumps(dict(self.options), sort_keys=True, separators=(",", ":"))
+
+    def stored(self) -> tuple[str, str, str | None, str, str, str]:
+        """What every store writes for it: ``(kind, task, queue, payload, options, okey)``
+        (``STORED_COLUMNS``)."""
+        return (self.kind, self.task, self.queue, self.payload, self.options_json(), self.key)
 
 
 @dataclass(frozen=True, slots=True)

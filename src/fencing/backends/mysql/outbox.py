@@ -94,15 +94,7 @@ class MySQLOutboxFlows:
     @restarts_on_deadlock
     def outbox_add(self, message: OutboxMessage) -> Flow[OutboxRow]:
         script = Script(begin=True)
-        script.add(
-            ADD,
-            message.kind,
-            message.task,
-            message.queue,
-            message.payload,
-            message.options_json(),
-            message.key,
-        )
+        script.add(ADD, *message.stored())
         read = script.add(READ_ADDED)
         results: list[Result] = yield script.batch(end=True)
         return outbox_row(results[read].rows[0])

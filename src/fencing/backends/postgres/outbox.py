@@ -20,6 +20,7 @@ from typing import Final
 from ..._flow import Flow
 from ..._outbox import (
     OUTBOX_COLUMNS,
+    STORED_COLUMNS,
     OutboxClaim,
     OutboxMessage,
     OutboxRow,
@@ -107,14 +108,7 @@ class PostgresOutboxFlows:
         return name if self.schema is None else f"{quoted(self.schema)}.{name}"
 
     def outbox_add(self, message: OutboxMessage) -> Flow[OutboxRow]:
-        params = {
-            "kind": message.kind,
-            "task": message.task,
-            "queue": message.queue,
-            "payload": message.payload,
-            "options": message.options_json(),
-            "okey": message.key,
-        }
+        params = dict(zip(STORED_COLUMNS, message.stored(), strict=True))
         found: Answer = yield Query(ADD, params)
         return outbox_row(found.rows[0])
 

@@ -70,14 +70,7 @@ class SQLiteOutboxFlows:
     __slots__ = ()
 
     def outbox_add(self, message: OutboxMessage) -> Flow[OutboxRow]:
-        args = (
-            message.kind,
-            message.task,
-            message.queue,
-            message.payload,
-            message.options_json(),
-            message.key,
-        )
+        args = message.stored()
 
         def body(conn: sqlite3.Connection, now: float) -> OutboxRow:
             return outbox_row(conn.execute(ADD, (*args, now)).fetchone())
