@@ -69,20 +69,20 @@ class AsyncBoundBackend(AsyncFlowBackend):
         """A flow answering which database a connection reaches (comparable values)."""
         raise NotImplementedError
 
-    async def _run(self, step: Any) -> Any:
-        conn = await self.borrowed.aconnection()
-        return await self._step(conn, step)
-
     async def _drive(self, flow: Flow[R]) -> R:
         # One connection for the whole flow: asked for once (a session is flushed once).
         conn = await self.borrowed.aconnection()
         if not self._seen(conn):
             await self._check(conn)
+        return await adrive(flow, self._runner(conn))
+
+    def _runner(self, conn: Any) -> Any:
+        """A flow's driver that runs each step on ``conn``."""
 
         async def run(step: Any) -> Any:
             return await self._step(conn, step)
 
-        return await adrive(flow, run)
+        return run
 
     def _seen(self, conn: Any) -> bool:
         """Whether ``conn``'s database was checked already (by any view of the store,
@@ -95,10 +95,7 @@ class AsyncBoundBackend(AsyncFlowBackend):
             return False
 
     async def _check(self, conn: Any) -> None:
-        async def run(step: Any) -> Any:
-            return await self._step(conn, step)
-
-        theirs = await adrive(self.identity_flow(), run)
+        theirs = await adrive(self.identity_flow(), self._runner(conn))
         ours = getattr(self.parent, "_fencing_identity", None)
         if ours is None:
             ours = await self.parent._drive(self.identity_flow())

@@ -53,20 +53,20 @@ class BoundBackend(FlowBackend):
         """A flow answering which database a connection reaches (comparable values)."""
         raise NotImplementedError
 
-    def _run(self, step: Any) -> Any:
-        conn = self.borrowed.connection()
-        return self._step(conn, step)
-
     def _drive(self, flow: Flow[R]) -> R:
         # One connection for the whole flow: asked for once (a session is flushed once).
         conn = self.borrowed.connection()
         if not self._seen(conn):
             self._check(conn)
+        return drive(flow, self._runner(conn))
+
+    def _runner(self, conn: Any) -> Any:
+        """A flow's driver that runs each step on ``conn``."""
 
         def run(step: Any) -> Any:
             return self._step(conn, step)
 
-        return drive(flow, run)
+        return run
 
     def _seen(self, conn: Any) -> bool:
         """Whether ``conn``'s database was checked already (by any view of the store,
@@ -79,10 +79,7 @@ class BoundBackend(FlowBackend):
             return False
 
     def _check(self, conn: Any) -> None:
-        def run(step: Any) -> Any:
-            return self._step(conn, step)
-
-        theirs = drive(self.identity_flow(), run)
+        theirs = drive(self.identity_flow(), self._runner(conn))
         ours = getattr(self.parent, "_fencing_identity", None)
         if ours is None:
             ours = self.parent._drive(self.identity_flow())
