@@ -462,3 +462,59 @@ def test_relay_command_refuses_a_bad_app(capsys: pytest.CaptureFixture[str]) -> 
     assert "cannot import" in capsys.readouterr().err
     assert main([*argv, "--app", "tests.contrib.test_relay:NOTHING"]) == 2
     assert "has no" in capsys.readouterr().err
+
+
+_SIGNAL_STORM = """
+import signal, sys, threading
+import fencing
+from fencing.contrib.relay import Relay
+
+class Quiet:
+    kind = "celery"
+    def publish(self, row): pass
+    def close(self): pass
+
+store = fencing.open("memory://")
+relay = Relay(store, Quiet(), poll=0.001)
+hits = 0
+
+def on_alarm(*_):
+    global hits
+    hits += 1
+    relay.waker.wake()  # a signal in the middle of the relay's waits, thousands of times
+    if hits >= 3000:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        relay.stop()
+
+signal.signal(signal.SIGALRM, on_alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+relay.run()
+relay.close()
+print("stopped after", hits, "signals", flush=True)
+"""
+
+
+def test_stop_from_a_signal_handler_never_deadlocks(tmp_path: Path) -> None:
+    """``stop()`` and ``wake()`` take no lock: a handler that calls them while the
+    relay's own thread is inside a wait cannot block on a lock that thread holds
+    (``threading.Event.set()`` in a handler can). A hang here is that deadlock."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "storm.py"
+    script.write_text(_SIGNAL_STORM)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("stopped after 3000 signals")
+
+
+def test_a_stop_before_run_makes_run_return_at_once(tmp_path: Path) -> None:
+    with fencing.open(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        relay = Relay(store, Recorder(), poll=60.0)
+        relay.stop()  # e.g. SIGTERM while the relay was being made
+        started = time.monotonic()
+        relay.run()
+        assert time.monotonic() - started < 30  # not the 60 s poll
+        relay.close()

@@ -207,11 +207,34 @@ def _waker(store: Any, args: argparse.Namespace) -> Any:
     return None if make is None or args.once else make(args.queue)
 
 
+class _Terminate:
+    """SIGTERM stops the relay after the row it is publishing (a relay in loop mode),
+    also when it arrives before the relay is made: ``stop()`` takes no lock, so the
+    handler cannot deadlock on the thread it interrupts."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.relay: Any = None
+
+    def __call__(self, *_: object) -> None:
+        self.asked = True
+        if self.relay is not None:
+            self.relay.stop()
+
+    def attach(self, relay: Any) -> None:
+        self.relay = relay
+        if self.asked:
+            relay.stop()
+
+
 def run(args: argparse.Namespace) -> int:
+    terminate = _Terminate()
+    if not args.once:
+        signal.signal(signal.SIGTERM, terminate)
     _logging(args.log_level)
     app = load_app(args.app)
     if args.queue == "arq":
-        return asyncio.run(_run_async(args, app))
+        return asyncio.run(_run_async(args, app, terminate))
     import fencing
 
     from .relay import Relay
@@ -233,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
             if args.once:
                 totals = relay.run_once()
             else:
-                signal.signal(signal.SIGTERM, lambda *_: relay.stop())
+                terminate.attach(relay)
                 try:
                     totals = relay.run()
                 except KeyboardInterrupt:
@@ -242,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
             progress.close()
             relay.close()
         backlog = relay.backlog()
-    print(_summary(totals, backlog))
+    print(_summary(totals, backlog), flush=True)
     return 1 if args.once and totals.failed else 0
 
 
@@ -256,7 +279,7 @@ async def _arq_publisher(app: Any) -> Any:
     return arq_publisher(app)
 
 
-async def _run_async(args: argparse.Namespace, app: Any) -> int:
+async def _run_async(args: argparse.Namespace, app: Any, terminate: _Terminate) -> int:
     import fencing
 
     from .relay import AsyncRelay
@@ -282,6 +305,8 @@ async def _run_async(args: argparse.Namespace, app: Any) -> int:
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, relay.stop)
+                if terminate.asked:  # before the loop's handler was in place
+                    relay.stop()
                 totals = await relay.run()
         finally:
             progress.close()
@@ -289,5 +314,5 @@ async def _run_async(args: argparse.Namespace, app: Any) -> int:
         backlog = await relay.backlog()
     finally:
         await store.close()
-    print(_summary(totals, backlog))
+    print(_summary(totals, backlog), flush=True)
     return 1 if args.once and totals.failed else 0

@@ -41,9 +41,10 @@ import asyncio
 import contextlib
 import inspect
 import os
+import select
 import socket
-import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -139,21 +140,67 @@ class AsyncWaker(Protocol):
     async def close(self) -> None: ...
 
 
-class PollWaker:
-    """Waits the whole timeout (polling), unless woken."""
+class _Alarm:
+    """A flag that wakes a waiting thread. ``set()`` takes no lock (a plain attribute
+    and one byte on a pipe), so a signal handler may call it while the thread it
+    interrupts is inside ``wait``: ``threading.Event.set()`` there can deadlock, the
+    handler waiting for the lock its own thread holds."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self.flag = False
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._fds = weakref.finalize(self, _close_fds, self._r, self._w)
 
-    def wait(self, timeout: float) -> None:
-        self._event.wait(timeout)
-        self._event.clear()
+    def set(self) -> None:
+        self.flag = True
+        with contextlib.suppress(OSError):  # full (already woken) or closed
+            os.write(self._w, b"!")
 
-    def wake(self) -> None:
-        self._event.set()
+    def clear(self) -> None:
+        self.flag = False
+        self._drain()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until set or ``timeout`` seconds; return the flag."""
+        if not self.flag and self._fds.alive:
+            with contextlib.suppress(InterruptedError):
+                select.select([self._r], [], [], max(timeout, 0.0))
+            self._drain()
+        return self.flag
+
+    def _drain(self) -> None:
+        with contextlib.suppress(OSError):
+            while os.read(self._r, 512):
+                pass
 
     def close(self) -> None:
-        pass
+        self._fds()
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class PollWaker:
+    """Waits the whole timeout (polling), unless woken (``wake`` is safe from any
+    thread and from a signal handler)."""
+
+    def __init__(self) -> None:
+        self._alarm = _Alarm()
+
+    def wait(self, timeout: float) -> None:
+        self._alarm.wait(timeout)
+        self._alarm.clear()
+
+    def wake(self) -> None:
+        self._alarm.set()
+
+    def close(self) -> None:
+        self._alarm.close()
 
 
 class AsyncPollWaker:
@@ -267,7 +314,7 @@ class Relay(_RelayBase):
         super().__init__(publisher, name=name, on_batch=on_batch, options=options)
         self.store = store
         self.waker: Waker = waker if waker is not None else PollWaker()
-        self._stopped = threading.Event()
+        self._stopped = _Alarm()
 
     def _handle(self, step: Any) -> Any:
         outbox = self.store.outbox
@@ -295,7 +342,7 @@ class Relay(_RelayBase):
                 self._stopped.wait(step.seconds)
             return None
         if isinstance(step, Stopping):
-            return self._stopped.is_set()
+            return self._stopped.flag
         raise AssertionError(f"unknown relay step {step!r}")  # pragma: no cover
 
     def run_once(self) -> RelayCounts:
@@ -306,14 +353,18 @@ class Relay(_RelayBase):
         return totals
 
     def run(self) -> RelayCounts:
-        """Relay until :meth:`stop`; return the counts of this run."""
-        self._stopped.clear()
+        """Relay until :meth:`stop`; return the counts of this run (a stop asked for
+        before ``run`` makes it return at once)."""
         totals = RelayCounts()
-        drive(loop(self.config, totals, self._batch_hook), self._handle)
+        try:
+            drive(loop(self.config, totals, self._batch_hook), self._handle)
+        finally:
+            self._stopped.clear()
         return totals
 
     def stop(self) -> None:
-        """Ask :meth:`run` to return after the row it is publishing (any thread)."""
+        """Ask :meth:`run` to return after the row it is publishing: from any thread,
+        or from a signal handler (it takes no lock)."""
         self._stopped.set()
         self.waker.wake()
 
@@ -325,6 +376,7 @@ class Relay(_RelayBase):
         """Close the publisher and the waker (not the store)."""
         self.publisher.close()
         self.waker.close()
+        self._stopped.close()
 
     def _batch_hook(self, counts: BatchCounts, totals: RelayCounts) -> None:
         self.counts.add(counts)
@@ -417,10 +469,13 @@ class AsyncRelay(_RelayBase):
         return totals
 
     async def run(self) -> RelayCounts:
-        """Relay until :meth:`stop` (or cancellation)."""
-        self._stopped.clear()
+        """Relay until :meth:`stop` (or cancellation); a stop asked for before ``run``
+        makes it return at once."""
         totals = RelayCounts()
-        await adrive(loop(self.config, totals, self._batch_hook), self._handle)
+        try:
+            await adrive(loop(self.config, totals, self._batch_hook), self._handle)
+        finally:
+            self._stopped.clear()
         return totals
 
     def stop(self) -> None:
