@@ -53,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the queue's broker (default redis://127.0.0.1:6379/10; celery and dramatiq"
         " also take amqp://guest:guest@127.0.0.1:5672//)",
     )
+    parser.add_argument(
+        "--outbox",
+        action="store_true",
+        help="with --queue: the send after the commit, naive (a crash before the enqueue loses"
+        " the task) vs the transactional outbox and a relay SIGKILLed mid-run",
+    )
     parser.add_argument("--json", action="store_true", help="machine output: no table, no bar")
 
 
@@ -70,6 +76,7 @@ def _config(args: argparse.Namespace) -> DemoConfig:
         history_dir=args.history,
         queue=args.queue,
         broker=args.broker,
+        outbox=args.outbox,
     )
 
 
@@ -87,6 +94,15 @@ def _summary(config: DemoConfig, results: dict[str, RunResult]) -> dict[str, Any
 def run(args: argparse.Namespace) -> int:
     config = _config(args)
     validate(config)
+    if args.json and config.outbox:
+        from .queues.outbox import run_outbox_demo
+
+        runs = run_outbox_demo(config)
+        ok = runs["outbox"].ok
+        out = {"ok": ok, "config": asdict(config), "lease_ttl": LEASE_TTL}
+        out["runs"] = {mode: result.to_dict() for mode, result in runs.items()}
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return 0 if ok else 1
     if args.json:
         results = run_demo(config)
         summary = _summary(config, results)

@@ -19,6 +19,7 @@ class DemoConfig:
     history_dir: str | None = None
     queue: str | None = None  # celery, rq, dramatiq or arq: real worker processes of that queue
     broker: str | None = None  # the queue's broker URL (default: a local Redis database)
+    outbox: bool = False  # with queue: naive send after commit vs the outbox and a relay
 
 
 QUEUES: Final = ("celery", "rq", "dramatiq", "arq")
@@ -36,6 +37,13 @@ def validate(config: DemoConfig) -> None:
         raise InvalidInput("--broker needs --queue")
     if config.queue is not None and config.processes:
         raise InvalidInput("--queue runs worker processes of its own: drop --processes")
+    if config.outbox and config.queue is None:
+        raise InvalidInput("--outbox needs --queue (celery, rq, dramatiq or arq)")
+    if config.outbox and config.store is not None:
+        raise InvalidInput(
+            "--outbox runs on the demo's own SQLite file (its relay would publish any row"
+            " of another store's outbox): drop --store"
+        )
     shared = "--queue" if config.queue is not None else "--processes" if config.processes else ""
     if shared and config.store is not None:
         lowered = config.store.lower()

@@ -222,6 +222,16 @@ def _wait_ready(sender: _Sender, workers: Workers, control: Path) -> None:
         time.sleep(0.05)
 
 
+def worker_env(settings: Settings, sender: _Sender) -> dict[str, str]:
+    """The environment of the run's processes: its settings, this fencing importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    package_root = str(Path(fencing.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    env.update(settings.env(), PYTHONUNBUFFERED="1")
+    env.update(getattr(sender, "env", dict)())
+    return env
+
+
 def run_queue_demo(
     config: DemoConfig,
     on_start: Callable[[str, int], None] | None = None,
@@ -258,13 +268,7 @@ def run_queue_demo(
     try:
         with fencing.open(store_url) as store, _broker_failures(queue, module):
             sender = module.Sender(settings)
-            env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-            package_root = str(Path(fencing.__file__).resolve().parents[1])
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (package_root, env.get("PYTHONPATH", "")) if p
-            )
-            env.update(settings.env(), PYTHONUNBUFFERED="1")
-            env.update(getattr(sender, "env", dict)())
+            env = worker_env(settings, sender)
             # one SIGKILLed process per crashing task and run, at most (the first delivery)
             restarts = 2 * sum(s.crash for s in specs) if settings.crash else 0
             workers = Workers(run_id, sender.commands(config.workers), env, control, restarts)
