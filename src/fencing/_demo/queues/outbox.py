@@ -99,6 +99,7 @@ class OutboxResult:
     lost_tasks: list[int] = dataclasses.field(default_factory=list)
     published: int = 0
     republished: int = 0
+    republished_tasks: list[int] = dataclasses.field(default_factory=list)
     relay_kills: int = 0
 
     @property
@@ -307,9 +308,10 @@ def _judge(run: _Run, result: OutboxResult, control: Path, history: Path, run_id
     result.lost = len(result.lost_tasks)
     if run.relays is not None:
         published = run.relays.published()
-        mine = [n for root, n in published.items() if root.startswith(f"{run_id}.{mode}.")]
-        result.published = sum(mine)
-        result.republished = sum(n - 1 for n in mine)
+        mine = {s.task: published.get(intent_id(run_id, mode, s.task), 0) for s in run.specs}
+        result.published = sum(mine.values())
+        result.republished = sum(n - 1 for n in mine.values() if n > 1)
+        result.republished_tasks = sorted(task for task, n in mine.items() if n > 1)
         result.relay_kills = run.relays.kills
     credited = [
         s
