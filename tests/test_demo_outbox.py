@@ -135,3 +135,30 @@ def test_outbox_demo_bad_options(
 ) -> None:
     assert main(["demo", "--json", "--tasks", "10", *args]) == 2
     assert problem in capsys.readouterr().err
+
+
+def test_outbox_demo_rich_table(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table on a terminal: each run's row of lost tasks, and the verdict."""
+    monkeypatch.setenv("COLUMNS", "160")  # rich's width: no wrapped row
+    pytest.importorskip("dramatiq")
+    pytest.importorskip("rich")
+    require_server("Redis", REDIS_HOST, REDIS_PORT)
+    args = ["--queue", "dramatiq", "--outbox", "--tasks", "40", "--workers", "3"]
+    code = main(["demo", *args, "--seed", str(SEED)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    expected_lost = len(losses(SEED, make_schedule(SEED, 40, 4)))
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) == 5 and cells[1]:
+            rows[cells[1]] = cells[2:4]
+    assert rows["tasks decided (committed)"] == ["40", "40"]
+    assert rows["tasks lost"] == [str(expected_lost), "0"]
+    assert rows["tasks applied twice"] == ["0", "0"]
+    assert rows["relay SIGKILLed (after a publish)"] == ["0", str(RELAY_KILLS)]
+    assert rows["history checker anomalies"] == ["0", "0"]
+    words = " ".join(out.split())
+    assert "PASS" in words and f"lost {expected_lost} of 40 committed decisions" in words

@@ -30,7 +30,9 @@ The package: ``runner`` is the producer and the bookkeeping of a run; ``processe
 starts, replaces and stops the worker processes; ``modules`` picks the queue's module
 (``celery_app``, ``rq_jobs``, ``dramatiq_actors``, ``arq_worker``), which the worker
 processes import by its module path; ``_tasks`` is what those workers run, whatever the
-queue; ``_broker`` checks the broker and deletes the run's keys.
+queue; ``_broker`` checks the broker and deletes the run's keys. With ``--outbox``, ``outbox``
+runs the schedule twice through the fenced tasks, the send after the commit naive and
+through the transactional outbox, and ``relay`` runs the relay processes it kills.
 """
 
 from __future__ import annotations
