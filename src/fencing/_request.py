@@ -6,7 +6,7 @@ Below the policy and the backends, which both import it; it does no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -27,11 +27,18 @@ from ._values import (
 )
 
 __all__ = [
+    "AppliedIntent",
     "CommitRequest",
     "CommitResult",
+    "EFFECT_COUNTS",
     "LeaseAnswer",
+    "ScopeStats",
+    "StoreStats",
     "Target",
+    "effect_counts",
     "outcome_for",
+    "scope_stats",
+    "stats_scopes",
     "table_version",
 ]
 
@@ -127,6 +134,97 @@ class LeaseAnswer:
     granted: bool
     row: LeaseRow | None
     now: float
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedIntent:
+    """An intent id the store recorded as applied to a key, and when (the store's clock).
+
+    The store keeps these for ``Duplicate`` detection until pruned; it records the id
+    (of the intent's root: every ``Recompute`` derivation shares it), not a version.
+    """
+
+    intent_id: str
+    applied_at: float
+
+
+#: The effect counts of ``ScopeStats.effects``: by status, and those needing reconciling.
+EFFECT_COUNTS = ("pending", "done", "failed", "reconcile")
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeStats:
+    """What a store holds for one collection (``c:name``) or table (``t:name``).
+
+    ``records``: a collection's records (None for a table: its rows are the user's);
+    ``applied``: intent ids recorded as applied (commits not yet pruned); ``effects``:
+    counts by ``EFFECT_COUNTS``; ``leases_held``: unexpired leases named
+    ``<name>/<key>`` (the record-lease convention, ``docs/leases.md``).
+    """
+
+    scope: str
+    records: int | None
+    applied: int
+    effects: Mapping[str, int]
+    leases_held: int
+
+    @property
+    def kind(self) -> Kind:
+        return "collection" if self.scope.startswith("c:") else "table"
+
+    @property
+    def name(self) -> str:
+        return self.scope[2:]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """A store's counts (``Backend.stats``): per scope, and all leases held, at ``now``
+    (the store's clock)."""
+
+    scopes: tuple[ScopeStats, ...]
+    leases_held: int
+    now: float
+
+
+def stats_scopes(
+    records: Mapping[str, int], applied: Mapping[str, int], effects: Mapping[str, Any]
+) -> list[str]:
+    """Every scope the counts name, sorted (collections first): from the records' counts
+    by collection name, and the applied and effect counts by scope."""
+    return sorted({f"c:{name}" for name in records} | set(applied) | set(effects))
+
+
+def effect_counts(rows: Iterable[Sequence[Any]]) -> dict[str, dict[str, int]]:
+    """Effect counts by scope from rows of (scope, status, count, how many of those need
+    reconciling), as every SQL store's ``stats`` reads them."""
+    found: dict[str, dict[str, int]] = {}
+    for scope, status, count, reconcile in rows:
+        counts = found.setdefault(str(scope), dict.fromkeys(EFFECT_COUNTS, 0))
+        counts[str(status)] = counts.get(str(status), 0) + int(count)
+        counts["reconcile"] += int(reconcile or 0)
+    return found
+
+
+def scope_stats(
+    records: Mapping[str, int],
+    applied: Mapping[str, int],
+    effects: Mapping[str, Mapping[str, int]],
+    held: Mapping[str, int],
+) -> tuple[ScopeStats, ...]:
+    """The stats of every scope of ``stats_scopes``; ``held`` counts leases by the
+    collection or table name they start with (``<name>/``)."""
+    zero = dict.fromkeys(EFFECT_COUNTS, 0)
+    return tuple(
+        ScopeStats(
+            scope,
+            records.get(scope[2:], 0) if scope.startswith("c:") else None,
+            applied.get(scope, 0),
+            {**zero, **effects.get(scope, {})},
+            held.get(scope[2:], 0),
+        )
+        for scope in stats_scopes(records, applied, effects)
+    )
 
 
 def outcome_for(result: CommitResult, intent: Intent) -> Outcome:

@@ -28,7 +28,14 @@ from typing import Any, TypeVar
 from .._effects import Effect, EffectQuery, NewEffect
 from .._flow import Flow, adrive
 from .._outbox import OutboxClaim, OutboxMessage, OutboxRow, OutboxStats
-from .._request import CommitRequest, CommitResult, LeaseAnswer, Target
+from .._request import (
+    AppliedIntent,
+    CommitRequest,
+    CommitResult,
+    LeaseAnswer,
+    StoreStats,
+    Target,
+)
 from .._values import Record
 from ._contract import Flows, OutboxFlows, no_outbox
 
@@ -111,6 +118,12 @@ class AsyncFlowBackend:
 
     async def prune_effects(self, older_than: float) -> int:
         return await self._drive(self.flows.prune_effects(older_than))
+
+    async def applied(self, target: Target, key: str | int, limit: int) -> list[AppliedIntent]:
+        return await self._drive(self.flows.applied(target, key, limit))
+
+    async def stats(self) -> StoreStats:
+        return await self._drive(self.flows.stats())
 
     async def guard_table(self, target: Target) -> None:
         await self._drive(self.flows.guard_table(target))

@@ -13,7 +13,14 @@ from typing import Any, TypeVar
 from .._effects import Effect, EffectQuery, NewEffect
 from .._flow import Flow, drive
 from .._outbox import OutboxClaim, OutboxMessage, OutboxRow, OutboxStats
-from .._request import CommitRequest, CommitResult, LeaseAnswer, Target
+from .._request import (
+    AppliedIntent,
+    CommitRequest,
+    CommitResult,
+    LeaseAnswer,
+    StoreStats,
+    Target,
+)
 from .._values import Record
 from ._contract import Flows, OutboxFlows, no_outbox
 
@@ -94,6 +101,12 @@ class FlowBackend:
 
     def prune_effects(self, older_than: float) -> int:
         return self._drive(self.flows.prune_effects(older_than))
+
+    def applied(self, target: Target, key: str | int, limit: int) -> list[AppliedIntent]:
+        return self._drive(self.flows.applied(target, key, limit))
+
+    def stats(self) -> StoreStats:
+        return self._drive(self.flows.stats())
 
     def guard_table(self, target: Target) -> None:
         self._drive(self.flows.guard_table(target))

@@ -20,7 +20,17 @@ from typing import Any
 from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, pending, prunable
 from .._errors import AlreadyExists, ConfigurationError, SchemaError
 from .._outbox import OutboxClaim, OutboxMessage, OutboxRow, OutboxStats, claimable
-from .._request import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
+from .._request import (
+    AppliedIntent,
+    CommitRequest,
+    CommitResult,
+    LeaseAnswer,
+    StoreStats,
+    Target,
+    scope_stats,
+    stats_scopes,
+    table_version,
+)
 from .._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from .._url import StoreURL
 from .._values import Record
@@ -323,6 +333,35 @@ class MemoryBackend:
             for k in old:
                 del self._effects[k]
             return len(old)
+
+    # -- reads for looking (``_contract``) -------------------------------------------------
+    def applied(self, target: Target, key: str | int, limit: int) -> list[AppliedIntent]:
+        with self._lock:
+            scope = target.scope
+            found = [
+                AppliedIntent(k[1], at)
+                for k, at in self._applied.items()
+                if k[0] == scope and k[2] == key and type(k[2]) is type(key)
+            ]
+        found.sort(key=lambda a: (-a.applied_at, a.intent_id))
+        return found[:limit]
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            now = self.clock()
+            records: Counter[str] = Counter(name for name, _ in self._records)
+            applied: Counter[str] = Counter(scope for scope, _, _ in self._applied)
+            effects: dict[str, Counter[str]] = {}
+            for row in self._effects.values():
+                counts = effects.setdefault(row[1], Counter())
+                counts[row[6]] += 1
+                counts["reconcile"] += row[8] is not None and row[9] is None
+            held = [name for name, row in self._leases.items() if row.held_at(now)]
+        by_name = {
+            scope[2:]: sum(1 for name in held if name.startswith(f"{scope[2:]}/"))
+            for scope in stats_scopes(records, applied, effects)
+        }
+        return StoreStats(scope_stats(records, applied, effects, by_name), len(held), now)
 
     # -- the outbox (kept in id order; the claim rule is ``_outbox.claimable``) ------------
     def outbox_add(self, message: OutboxMessage) -> OutboxRow:

@@ -13,7 +13,17 @@ from typing import Any, TypeVar
 from ..._effects import PENDING, PRUNABLE, Effect, EffectQuery, NewEffect
 from ..._errors import SchemaError
 from ..._flow import Flow
-from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target
+from ..._request import (
+    AppliedIntent,
+    CommitRequest,
+    CommitResult,
+    LeaseAnswer,
+    StoreStats,
+    Target,
+    effect_counts,
+    scope_stats,
+    stats_scopes,
+)
 from ..._values import Record
 from . import guard, schema
 from . import operations as op
@@ -153,6 +163,29 @@ class SQLiteFlows(SQLiteOutboxFlows):
             return conn.execute(text, {"cutoff": now - older_than}).rowcount
 
         return txn(body)
+
+    # -- reads for looking (``_contract``) -------------------------------------------------
+    def applied(self, target: Target, key: str | int, limit: int) -> Flow[list[AppliedIntent]]:
+        def body(conn: sqlite3.Connection, now: float) -> list[AppliedIntent]:
+            rows = conn.execute(sql.APPLIED_TO_KEY, (target.scope, key, limit)).fetchall()
+            return [AppliedIntent(r[0], float(r[1])) for r in rows]
+
+        return txn(body, write=False)
+
+    def stats(self) -> Flow[StoreStats]:
+        def body(conn: sqlite3.Connection, now: float) -> StoreStats:
+            records = dict(conn.execute(sql.STATS_RECORDS).fetchall())
+            applied = dict(conn.execute(sql.STATS_APPLIED).fetchall())
+            effects = effect_counts(conn.execute(sql.STATS_EFFECTS).fetchall())
+            held = {}
+            for scope in stats_scopes(records, applied, effects):
+                prefix = f"{scope[2:]}/"
+                args = (now, len(prefix), prefix)
+                held[scope[2:]] = conn.execute(sql.LEASES_HELD_UNDER, args).fetchone()[0]
+            total = conn.execute(sql.LEASES_HELD, (now,)).fetchone()[0]
+            return StoreStats(scope_stats(records, applied, effects, held), total, now)
+
+        return txn(body, write=False)
 
     # -- the guard trigger on a user's table (``guard``) ----------------------------------
     def guard_table(self, target: Target) -> Flow[None]:

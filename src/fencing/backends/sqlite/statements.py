@@ -82,6 +82,23 @@ TOMBSTONE: Final = (
     " ON CONFLICT (collection, key) DO UPDATE SET version = max(version, excluded.version)"
 )
 
+# reads for looking (``fencing inspect``, ``fencing stats``)
+APPLIED_TO_KEY: Final = (
+    "SELECT intent_id, applied_at FROM fencing_applied WHERE scope = ? AND key = ?"
+    " ORDER BY applied_at DESC, intent_id LIMIT ?"
+)
+STATS_RECORDS: Final = "SELECT collection, COUNT(*) FROM fencing_records GROUP BY collection"
+STATS_APPLIED: Final = "SELECT scope, COUNT(*) FROM fencing_applied GROUP BY scope"
+STATS_EFFECTS: Final = (
+    "SELECT scope, status, COUNT(*),"
+    " SUM(CASE WHEN outcome IS NOT NULL AND reconciled_at IS NULL THEN 1 ELSE 0 END)"
+    " FROM fencing_effects GROUP BY scope, status"
+)
+LEASES_HELD: Final = (
+    "SELECT COUNT(*) FROM fencing_leases WHERE owner IS NOT NULL AND expires_at > ?"
+)
+LEASES_HELD_UNDER: Final = LEASES_HELD + " AND substr(name, 1, ?) = ?"
+
 _CACHED: Final = 1024  # statements of guarded tables' shapes kept per store
 
 
