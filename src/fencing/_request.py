@@ -27,10 +27,10 @@ from ._values import (
 )
 
 __all__ = [
+    "EFFECT_COUNTS",
     "AppliedIntent",
     "CommitRequest",
     "CommitResult",
-    "EFFECT_COUNTS",
     "LeaseAnswer",
     "ScopeStats",
     "StoreStats",

@@ -15,7 +15,17 @@ from typing import Any, Final
 
 from ..._errors import AlreadyExists, SchemaError
 from ..._flow import Flow
-from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target
+from ..._request import (
+    AppliedIntent,
+    CommitRequest,
+    CommitResult,
+    LeaseAnswer,
+    StoreStats,
+    Target,
+    effect_counts,
+    scope_stats,
+    stats_scopes,
+)
 from ..._rules import Status
 from ..._values import Record
 from . import guard, schema
@@ -26,7 +36,7 @@ from .errors import DuplicateKey
 from .outbox import MySQLOutboxFlows
 from .restart import restarts_on_deadlock
 from .steps import Result, Script, one
-from .templates import Slots, add_commit, add_judge_reads, add_read, key_locks
+from .templates import Slots, add_commit, add_judge_reads, add_read, key_locks, key_text
 
 __all__ = ["MySQLFlows"]
 
@@ -184,6 +194,32 @@ class MySQLFlows(EffectFlows, MySQLOutboxFlows):
     def prune(self, older_than: float) -> Flow[int]:
         results: list[Result] = yield one(sql.PRUNE, float(older_than))
         return results[0].affected
+
+    # -- reads for looking (``_contract``) -------------------------------------------------
+    @restarts_on_deadlock
+    def applied(self, target: Target, key: str | int, limit: int) -> Flow[list[AppliedIntent]]:
+        results: list[Result] = yield one(sql.APPLIED_TO_KEY, target.scope, key_text(key), limit)
+        return [AppliedIntent(str(r[0]), float(r[1])) for r in results[0].rows]
+
+    @restarts_on_deadlock
+    def stats(self) -> Flow[StoreStats]:
+        script = Script()
+        for text in (sql.STATS_RECORDS, sql.STATS_APPLIED, sql.STATS_EFFECTS, sql.LEASES_HELD):
+            script.add(text)
+        found: list[Result] = yield script.batch()
+        records = {str(name): int(n) for name, n in found[0].rows}
+        applied = {str(scope): int(n) for scope, n in found[1].rows}
+        effects = effect_counts(found[2].rows)
+        total, now = found[3].rows[0]
+        names = sorted({s[2:] for s in stats_scopes(records, applied, effects)})
+        held: dict[str, int] = {}
+        if names:
+            script = Script()
+            for name in names:
+                script.add(sql.LEASES_HELD_UNDER, len(name) + 1, f"{name}/")
+            under: list[Result] = yield script.batch()
+            held = {name: int(r.rows[0][0]) for name, r in zip(names, under, strict=True)}
+        return StoreStats(scope_stats(records, applied, effects, held), int(total), float(now))
 
     # -- the guard trigger on a user's table (``guard``) ----------------------------------
     def guard_table(self, target: Target) -> Flow[None]:

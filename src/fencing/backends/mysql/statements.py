@@ -99,6 +99,25 @@ ENGINE: Final = (
 )
 PRUNE: Final = f"DELETE FROM fencing_applied WHERE applied_at < {NOW} - %s"
 
+# Reads for looking (``fencing inspect``, ``fencing stats``): one batch, then the held
+# leases named ``<name>/...`` per name (``LEASES_HELD_UNDER``, one statement per name).
+APPLIED_TO_KEY: Final = (
+    "SELECT intent_id, applied_at FROM fencing_applied WHERE scope = %s AND key_text = %s"
+    " ORDER BY applied_at DESC, intent_id LIMIT %s"
+)
+STATS_RECORDS: Final = "SELECT collection, COUNT(*) FROM fencing_records GROUP BY collection"
+STATS_APPLIED: Final = "SELECT scope, COUNT(*) FROM fencing_applied GROUP BY scope"
+STATS_EFFECTS: Final = (
+    "SELECT scope, status, COUNT(*), COUNT(open_since) FROM fencing_effects GROUP BY scope, status"
+)
+LEASES_HELD: Final = (
+    f"SELECT COUNT(*), {NOW} FROM fencing_leases WHERE owner IS NOT NULL AND expires_at > {NOW}"
+)
+LEASES_HELD_UNDER: Final = (
+    "SELECT COUNT(*) FROM fencing_leases WHERE owner IS NOT NULL"
+    f" AND expires_at > {NOW} AND LEFT(name, %s) = %s"
+)
+
 # Leases: the row is locked first (an upsert of a placeholder row takes an exclusive
 # lock whether it inserts or finds the row, so two first-ever acquisitions of a name
 # serialise); the clock is read after the lock; one conditional UPDATE decides.

@@ -15,7 +15,18 @@ from typing import Any, Final
 
 from ..._errors import AlreadyExists, SchemaError
 from ..._flow import Flow
-from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target, table_version
+from ..._request import (
+    AppliedIntent,
+    CommitRequest,
+    CommitResult,
+    LeaseAnswer,
+    StoreStats,
+    Target,
+    effect_counts,
+    scope_stats,
+    stats_scopes,
+    table_version,
+)
 from ..._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from ..._values import Record
 from . import guard, schema
@@ -340,6 +351,26 @@ class PostgresFlows(EffectFlows, PostgresOutboxFlows):
     def prune(self, older_than: float) -> Flow[int]:
         done: Answer = yield Query(sql.PRUNE_APPLIED, {"age": older_than})
         return done.rowcount
+
+    # -- reads for looking (``_contract``) -------------------------------------------------
+    def applied(self, target: Target, key: str | int, limit: int) -> Flow[list[AppliedIntent]]:
+        params = {"scope": target.scope, "key_json": _key_json(key), "limit": limit}
+        found: Answer = yield from read_only(Query(sql.APPLIED_TO_KEY, params))
+        return [AppliedIntent(row[0], float(row[1])) for row in found.rows]
+
+    def stats(self) -> Flow[StoreStats]:
+        counts = (sql.STATS_RECORDS, sql.STATS_APPLIED, sql.STATS_EFFECTS, sql.LEASES_HELD)
+        found: list[Answer] = yield Pipeline(tuple(Query(text) for text in counts))
+        records = {name: int(n) for name, n in found[0].rows}
+        applied = {scope: int(n) for scope, n in found[1].rows}
+        effects = effect_counts(found[2].rows)
+        total, now = found[3].rows[0]
+        names = sorted({s[2:] for s in stats_scopes(records, applied, effects)})
+        held: dict[str, int] = {}
+        if names:
+            under: Answer = yield from read_only(Query(sql.LEASES_HELD_UNDER, {"names": names}))
+            held = {name: int(n) for name, n in under.rows}
+        return StoreStats(scope_stats(records, applied, effects, held), int(total), float(now))
 
     # -- the guard trigger on a user's table (``guard``) ----------------------------------
     def guard_table(self, target: Target) -> Flow[None]:

@@ -116,6 +116,29 @@ DELETE: Final = (
 )
 PRUNE_APPLIED: Final = f"DELETE FROM fencing_applied WHERE applied_at < {NOW} - %(age)s::float8"
 
+# -- reads for looking (``fencing inspect``, ``fencing stats``) ------------------------
+APPLIED_TO_KEY: Final = (
+    "SELECT intent_id, applied_at FROM fencing_applied"
+    " WHERE scope = %(scope)s AND key = %(key_json)s"
+    " ORDER BY applied_at DESC, intent_id LIMIT %(limit)s"
+)
+STATS_RECORDS: Final = "SELECT collection, COUNT(*) FROM fencing_records GROUP BY collection"
+STATS_APPLIED: Final = "SELECT scope, COUNT(*) FROM fencing_applied GROUP BY scope"
+STATS_EFFECTS: Final = (
+    "SELECT scope, status, COUNT(*),"
+    " COUNT(*) FILTER (WHERE outcome IS NOT NULL AND reconciled_at IS NULL)"
+    " FROM fencing_effects GROUP BY scope, status"
+)
+_HELD: Final = f"l.owner IS NOT NULL AND l.expires_at > {NOW}"
+LEASES_HELD: Final = f"SELECT COUNT(*), {NOW} FROM fencing_leases l WHERE {_HELD}"
+# per name: the held leases named ``<name>/...``
+LEASES_HELD_UNDER: Final = (
+    "SELECT n.name, COUNT(l.name) FROM unnest(%(names)s::text[]) AS n (name)"
+    f" LEFT JOIN fencing_leases l ON starts_with(l.name, n.name || '/') AND {_HELD}"
+    " GROUP BY n.name"
+)
+
+
 # -- leases ---------------------------------------------------------------------------
 # Each is one statement answering (granted, owner, token, expires_at, now) with the row
 # after it; refused, the sibling SELECT shows the row as the statement's snapshot saw it.

@@ -97,7 +97,7 @@ class _RedisDriver:
         return [{"target_nodes": node} for node in self.client.get_primaries()]
 
     def _scan_options(self, step: Scan, targets: list[dict[str, Any]]) -> dict[str, Any]:
-        options = {"match": step.match, "count": _SCAN_COUNT, "_type": "zset"}
+        options = {"match": step.match, "count": _SCAN_COUNT, "_type": step.kind}
         return options | targets[step.state[0]]
 
 

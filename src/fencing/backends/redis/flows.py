@@ -20,7 +20,7 @@ from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target
 from ..._validate import check_column
 from ..._values import Record
 from .._contract import no_guard
-from .effects import EffectFlows
+from .looking import LookFlows
 from .replies import as_int, as_list, as_text, commit_result, lease_answer, table_record
 from .scripts import SCRIPTS, Call, judge_call, run_call, run_calls, script_call, send
 from .steps import Each, Load, Scan
@@ -35,8 +35,9 @@ def _ttl_us(ttl: float) -> str:
     return str(max(1, round(ttl * 1_000_000)))
 
 
-class RedisFlows(EffectFlows):
-    """The flows of ``_contract.Flows`` for Redis (the effects flows are inherited)."""
+class RedisFlows(LookFlows):
+    """The flows of ``_contract.Flows`` for Redis (the effects flows and the reads for
+    looking are inherited)."""
 
     __slots__ = ()
 

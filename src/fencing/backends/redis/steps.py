@@ -25,11 +25,13 @@ class Load:
 
 @dataclass(frozen=True, slots=True)
 class Scan:
-    """One SCAN step over applied sets: ``state`` is (node index, cursor). Its result is
-    ``(the next state or None at the end, the keys found)``: see ``replies.scan_reply``."""
+    """One SCAN step over keys of type ``kind`` (applied sets unless told): ``state`` is
+    (node index, cursor). Its result is ``(the next state or None at the end, the keys
+    found)``: see ``replies.scan_reply``."""
 
     state: tuple[int, int]
     match: str
+    kind: str = "zset"
 
 
 @dataclass(frozen=True, slots=True)
