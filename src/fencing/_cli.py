@@ -1,14 +1,14 @@
 """The ``fencing`` command line: demo, check, bench, reconcile, relay, outbox, migrate,
-inspect.
+inspect, stats; ``fencing --version``.
 
 Each subcommand lives in its own module and is imported only when run; the
-``cli`` extra brings rich for tables and progress bars.
+``cli`` extra brings rich for tables and progress bars. Every subcommand and argument
+has a help text (``tests/test_cli_help.py`` walks the parser to keep it so).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,16 +31,29 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_inspect(args: argparse.Namespace) -> int:
-    import fencing
+def version() -> str:
+    """The installed distribution's version, else the package's ``__version__``."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
 
-    with fencing.open(args.url, migrate=False) as store:
-        record = store.collection(args.collection).get(args.key)
-    if record is None:
-        print(f"no record {args.key!r} in collection {args.collection!r}", file=sys.stderr)
-        return 1
-    print(json.dumps(record.to_dict(), indent=2, sort_keys=True))
-    return 0
+    try:
+        return installed("fencing")
+    except PackageNotFoundError:
+        import fencing
+
+        return str(getattr(fencing, "__version__", "unknown"))
+
+
+class _Version(argparse.Action):
+    """``--version``: print it and exit (read only when asked for)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "print fencing's version and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"fencing {version()}")
+        parser.exit()
 
 
 def _lazy(module: str, attr: str) -> Callable[[argparse.Namespace], int]:
@@ -65,7 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fencing",
         description="Background tasks that cannot commit stale decisions.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action=_Version)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="what to do (COMMAND -h: its help)"
+    )
 
     commands: list[tuple[str, str, str]] = [
         ("demo", "fencing._demo", "race naive read-modify-write against fencing; judge both"),
@@ -86,13 +102,26 @@ def build_parser() -> argparse.ArgumentParser:
             "fencing.contrib._cli_outbox",
             "list pending outbox rows with their age; --fail-if-older SECONDS for a monitor",
         ),
+        (
+            "inspect",
+            "fencing._cli_inspect",
+            "show one record of a collection or row of a guarded table: version, fence,"
+            " its lease and the last intents applied to it",
+        ),
+        (
+            "stats",
+            "fencing._cli_stats",
+            "per collection and table: records, applied intents, effects by state, leases"
+            " held; the outbox's backlog",
+        ),
     ]
     for name, module, help_text in commands:
         p = sub.add_parser(name, help=help_text, description=help_text)
         _adder(module)(p)
         p.set_defaults(func=_lazy(module, "run"))
 
-    p = sub.add_parser("migrate", help="create or upgrade fencing's tables in a store")
+    what = "create or upgrade fencing's tables in a store; install or remove guard triggers"
+    p = sub.add_parser("migrate", help=what, description=what)
     p.add_argument("url", help="store URL, e.g. sqlite:///app.db")
     p.add_argument(
         "--guard-table",
@@ -112,11 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_migrate)
 
-    p = sub.add_parser("inspect", help="print one record of a collection as JSON")
-    p.add_argument("url")
-    p.add_argument("collection")
-    p.add_argument("key")
-    p.set_defaults(func=_cmd_inspect)
     return parser
 
 
