@@ -144,14 +144,24 @@ def _lease(store: Store, name: str) -> dict[str, Any] | None:
     }
 
 
+def _lease_names(store: Store, target: Target, record: Record) -> list[str]:
+    """The names a record's lease has by convention: ``<name>/<key>``; on Redis a table
+    row's may also be the one that shares the row's Cluster slot (``layout.tag``)."""
+    names = [f"{record.collection}/{record.key}"]
+    layout = getattr(store.backend, "layout", None)
+    if target.kind == "table" and layout is not None:
+        names.append(layout.tag(target, record.key))
+    return names
+
+
 def inspect(store: Store, args: argparse.Namespace) -> dict[str, Any] | str:
     """What ``fencing inspect`` shows, or the not-found message."""
     record, target, looked = _find(store, args)
     if record is None or target is None:
         return looked
     shown = record.to_dict()
-    lease = args.lease if args.lease is not None else f"{record.collection}/{record.key}"
-    shown["lease"] = _lease(store, lease)
+    names = [args.lease] if args.lease is not None else _lease_names(store, target, record)
+    shown["lease"] = next(filter(None, (_lease(store, name) for name in names)), None)
     applied = store.backend.applied(target, record.key, args.applied) if args.applied else []
     shown["applied"] = [{"intent_id": a.intent_id, "applied_at": a.applied_at} for a in applied]
     return shown

@@ -213,7 +213,8 @@ def scope_stats(
     held: Mapping[str, int],
 ) -> tuple[ScopeStats, ...]:
     """The stats of every scope of ``stats_scopes``; ``held`` counts leases by the
-    collection or table name they start with (``<name>/``)."""
+    collection or table name they start with (``<name>/``), or by scope where a store
+    names a table row's lease otherwise (Redis: ``docs/backends/redis.md``)."""
     zero = dict.fromkeys(EFFECT_COUNTS, 0)
     return tuple(
         ScopeStats(
@@ -221,7 +222,7 @@ def scope_stats(
             records.get(scope[2:], 0) if scope.startswith("c:") else None,
             applied.get(scope, 0),
             {**zero, **effects.get(scope, {})},
-            held.get(scope[2:], 0),
+            held.get(scope, held.get(scope[2:], 0)),
         )
         for scope in stats_scopes(records, applied, effects)
     )

@@ -343,7 +343,7 @@ class MemoryBackend:
                 for k, at in self._applied.items()
                 if k[0] == scope and k[2] == key and type(k[2]) is type(key)
             ]
-        found.sort(key=lambda a: (-a.applied_at, a.intent_id))
+        found.sort(key=lambda a: (a.applied_at, a.intent_id), reverse=True)
         return found[:limit]
 
     def stats(self) -> StoreStats:

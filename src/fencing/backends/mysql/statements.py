@@ -103,7 +103,7 @@ PRUNE: Final = f"DELETE FROM fencing_applied WHERE applied_at < {NOW} - %s"
 # leases named ``<name>/...`` per name (``LEASES_HELD_UNDER``, one statement per name).
 APPLIED_TO_KEY: Final = (
     "SELECT intent_id, applied_at FROM fencing_applied WHERE scope = %s AND key_text = %s"
-    " ORDER BY applied_at DESC, intent_id LIMIT %s"
+    " ORDER BY applied_at DESC, intent_id DESC LIMIT %s"
 )
 STATS_RECORDS: Final = "SELECT collection, COUNT(*) FROM fencing_records GROUP BY collection"
 STATS_APPLIED: Final = "SELECT scope, COUNT(*) FROM fencing_applied GROUP BY scope"

@@ -120,7 +120,7 @@ PRUNE_APPLIED: Final = f"DELETE FROM fencing_applied WHERE applied_at < {NOW} - 
 APPLIED_TO_KEY: Final = (
     "SELECT intent_id, applied_at FROM fencing_applied"
     " WHERE scope = %(scope)s AND key = %(key_json)s"
-    " ORDER BY applied_at DESC, intent_id LIMIT %(limit)s"
+    " ORDER BY applied_at DESC, intent_id DESC LIMIT %(limit)s"
 )
 STATS_RECORDS: Final = "SELECT collection, COUNT(*) FROM fencing_records GROUP BY collection"
 STATS_APPLIED: Final = "SELECT scope, COUNT(*) FROM fencing_applied GROUP BY scope"

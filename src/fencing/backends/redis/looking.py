@@ -5,7 +5,9 @@ walks the keyspace with SCAN, on every primary of a Cluster: collection records
 (``<prefix>:c:<name>:{tag}:rec``), applied sets (``...:applied``), the effect rows (their
 one hash, a page at a time, by the ``scan_effects`` script) and lease hashes
 (``<prefix>:lease:{name}``, each read by ``lease_state``). It is a walk, not a snapshot:
-counts made while workers write are each true at some moment of it.
+counts made while workers write are each true at some moment of it. A table row's lease
+is counted under either name: ``<table>/<key>`` or the one that shares the row's Cluster
+slot, ``<table_prefix><table>:<key>``.
 """
 
 from __future__ import annotations
@@ -89,8 +91,12 @@ class LookFlows(EffectFlows):
                 answer = lease_answer(name, reply)
                 if answer.row is not None and answer.row.held_at(answer.now):
                     held.append(name)
-        by_name = {
-            scope[2:]: sum(1 for name in held if name.startswith(f"{scope[2:]}/"))
-            for scope in stats_scopes(records, applied, effects)
-        }
-        return StoreStats(scope_stats(records, applied, effects, by_name), len(held), now)
+        # a lease named after its record: ``<collection>/<key>``, and for a table row
+        # also ``<table_prefix><table>:<key>``, the name that shares the row's slot
+        by_scope = {}
+        for scope in stats_scopes(records, applied, effects):
+            starts = [f"{scope[2:]}/"]
+            if scope.startswith("t:"):
+                starts.append(f"{layout.table_prefix}{scope[2:]}:")
+            by_scope[scope] = sum(1 for name in held if name.startswith(tuple(starts)))
+        return StoreStats(scope_stats(records, applied, effects, by_scope), len(held), now)

@@ -85,7 +85,7 @@ TOMBSTONE: Final = (
 # reads for looking (``fencing inspect``, ``fencing stats``)
 APPLIED_TO_KEY: Final = (
     "SELECT intent_id, applied_at FROM fencing_applied WHERE scope = ? AND key = ?"
-    " ORDER BY applied_at DESC, intent_id LIMIT ?"
+    " ORDER BY applied_at DESC, intent_id DESC LIMIT ?"
 )
 STATS_RECORDS: Final = "SELECT collection, COUNT(*) FROM fencing_records GROUP BY collection"
 STATS_APPLIED: Final = "SELECT scope, COUNT(*) FROM fencing_applied GROUP BY scope"
