@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -91,13 +92,26 @@ def test_applied_and_stats_on_every_backend(store: Any, make_table: Any) -> None
     rows_t = by_scope["t:orders_t"]
     assert (rows_t.kind, rows_t.records, rows_t.applied, rows_t.leases_held) == (
         "table",
-        None,
+        1,
         1,
         1,
     )
     assert found.leases_held == 1
     lease.release()
     assert _backend_call(store, "stats").leases_held == 0
+
+
+def test_stats_lists_a_guarded_table_before_any_commit(
+    store: Any, make_table: Any, backend_name: str
+) -> None:
+    """A table shows once it is guarded (SQL: its trigger; Redis and memory: declared),
+    with its rows, before fencing wrote anything for it."""
+    make_table("quiet_t", [{"id": 1}, {"id": 2}, {"id": 3}])
+    if not backend_name.startswith(("redis", "memory")):
+        store.guard_table("quiet_t")
+    found = {s.scope: s for s in _backend_call(store, "stats").scopes}
+    assert set(found) == {"t:quiet_t"}
+    assert (found["t:quiet_t"].records, found["t:quiet_t"].applied) == (3, 0)
 
 
 def test_stats_of_an_empty_store(store: Any) -> None:
@@ -182,7 +196,7 @@ def test_stats_cli_on_every_shared_store(
     assert orders["records"] == 1 and orders["applied"] == 4 and orders["leases_held"] == 0
     assert orders["effects"] == {"pending": 1, "done": 1, "failed": 0, "reconcile": 1}
     table = rows[("table", "orders_t")]
-    assert table["records"] is None and table["applied"] == 1 and table["leases_held"] == 1
+    assert table["records"] == 1 and table["applied"] == 1 and table["leases_held"] == 1
     assert shown["leases_held"] == 1
     if shared_backend_name.startswith("redis"):
         assert shown["outbox"] is None  # Redis has no outbox table
@@ -204,6 +218,26 @@ def test_stats_counts_the_outbox(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert [(r["name"], r["records"], r["applied"]) for r in shown["collections"]] == [
         ("orders", 1, 0)
     ]
+
+
+def test_stats_of_a_table_since_dropped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'gone.db'}"
+    with sqlite3.connect(tmp_path / "gone.db") as conn:
+        conn.execute("CREATE TABLE gone_t (id INTEGER PRIMARY KEY, version INTEGER, note TEXT)")
+        conn.execute("INSERT INTO gone_t (id, version) VALUES (1, 1)")
+    with fencing.open(url) as store:
+        table = store.table("gone_t")
+        assert table.commit(table.intent(1, "note"), {"note": "x"}).committed
+    with sqlite3.connect(tmp_path / "gone.db") as conn:
+        conn.execute("DROP TABLE gone_t")
+    assert main(["stats", url]) == 0
+    (row,) = _json(capsys)["collections"]
+    assert (row["kind"], row["name"], row["records"], row["applied"]) == (
+        "table",
+        "gone_t",
+        None,
+        1,
+    )
 
 
 def test_stats_and_inspect_refuse_an_unmigrated_store(

@@ -1,7 +1,8 @@
-"""``fencing stats URL``: what a store holds, per collection and guarded table: records,
-applied intents recorded (commits not yet pruned), effects by state, leases held (named
-``<name>/<key>``, the record-lease convention), and the outbox's backlog. Read-only;
-on every store (``memory://`` only sees its own process)."""
+"""``fencing stats URL``: what a store holds, per collection and guarded table: records
+(a table's rows; ``-`` when the table is gone), applied intents recorded (commits not
+yet pruned), effects by state, leases held (named ``<name>/<key>``, the record-lease
+convention), and the outbox's backlog. A table is listed once fencing committed to it or
+guards it. Read-only; on every store (``memory://`` only sees its own process)."""
 
 from __future__ import annotations
 

@@ -156,10 +156,11 @@ EFFECT_COUNTS = ("pending", "done", "failed", "reconcile")
 class ScopeStats:
     """What a store holds for one collection (``c:name``) or table (``t:name``).
 
-    ``records``: a collection's records (None for a table: its rows are the user's);
-    ``applied``: intent ids recorded as applied (commits not yet pruned); ``effects``:
-    counts by ``EFFECT_COUNTS``; ``leases_held``: unexpired leases named
-    ``<name>/<key>`` (the record-lease convention, ``docs/leases.md``).
+    ``records``: a collection's records, or a table's rows (None if the table is gone);
+    a table is listed once fencing has committed to it or guards it (its trigger; on
+    Redis, its declaration). ``applied``: intent ids recorded as applied (commits not
+    yet pruned); ``effects``: counts by ``EFFECT_COUNTS``; ``leases_held``: unexpired
+    leases named ``<name>/<key>`` (the record-lease convention, ``docs/leases.md``).
     """
 
     scope: str
@@ -188,11 +189,10 @@ class StoreStats:
 
 
 def stats_scopes(
-    records: Mapping[str, int], applied: Mapping[str, int], effects: Mapping[str, Any]
+    records: Mapping[str, Any], applied: Mapping[str, Any], effects: Mapping[str, Any]
 ) -> list[str]:
-    """Every scope the counts name, sorted (collections first): from the records' counts
-    by collection name, and the applied and effect counts by scope."""
-    return sorted({f"c:{name}" for name in records} | set(applied) | set(effects))
+    """Every scope the counts name (each keyed by scope), sorted: collections first."""
+    return sorted({*records, *applied, *effects})
 
 
 def effect_counts(rows: Iterable[Sequence[Any]]) -> dict[str, dict[str, int]]:
@@ -207,19 +207,20 @@ def effect_counts(rows: Iterable[Sequence[Any]]) -> dict[str, dict[str, int]]:
 
 
 def scope_stats(
-    records: Mapping[str, int],
+    records: Mapping[str, int | None],
     applied: Mapping[str, int],
     effects: Mapping[str, Mapping[str, int]],
     held: Mapping[str, int],
 ) -> tuple[ScopeStats, ...]:
-    """The stats of every scope of ``stats_scopes``; ``held`` counts leases by the
+    """The stats of every scope of ``stats_scopes``. ``records`` counts a collection's
+    records and a table's rows (None: the table is gone); ``held`` counts leases by the
     collection or table name they start with (``<name>/``), or by scope where a store
     names a table row's lease otherwise (Redis: ``docs/backends/redis.md``)."""
     zero = dict.fromkeys(EFFECT_COUNTS, 0)
     return tuple(
         ScopeStats(
             scope,
-            records.get(scope[2:], 0) if scope.startswith("c:") else None,
+            records.get(scope, 0 if scope.startswith("c:") else None),
             applied.get(scope, 0),
             {**zero, **effects.get(scope, {})},
             held.get(scope, held.get(scope[2:], 0)),

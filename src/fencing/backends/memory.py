@@ -349,7 +349,8 @@ class MemoryBackend:
     def stats(self) -> StoreStats:
         with self._lock:
             now = self.clock()
-            records: Counter[str] = Counter(name for name, _ in self._records)
+            records: dict[str, int | None] = dict(Counter(f"c:{name}" for name, _ in self._records))
+            records.update({f"t:{name}": len(t.rows) for name, t in self._tables.items()})
             applied: Counter[str] = Counter(scope for scope, _, _ in self._applied)
             effects: dict[str, Counter[str]] = {}
             for row in self._effects.values():

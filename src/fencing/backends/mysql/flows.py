@@ -36,7 +36,15 @@ from .errors import DuplicateKey
 from .outbox import MySQLOutboxFlows
 from .restart import restarts_on_deadlock
 from .steps import Result, Script, one
-from .templates import Slots, add_commit, add_judge_reads, add_read, key_locks, key_text
+from .templates import (
+    Slots,
+    add_commit,
+    add_judge_reads,
+    add_read,
+    key_locks,
+    key_text,
+    quote,
+)
 
 __all__ = ["MySQLFlows"]
 
@@ -94,6 +102,28 @@ def _lease(name: str, lock: str, change: str, *params: Any) -> Flow[LeaseAnswer]
     read = script.add(sql.LEASE_READ.format(now="@f_now"), name)
     results: list[Result] = yield script.batch(end=True)
     return lease_answer(name, results[read], results[changed].affected == 1)
+
+
+def _row_counts(tables: set[str]) -> Flow[dict[str, int | None]]:
+    """Each table's row count by its scope (None: no such table): which exist, then
+    how many rows those have, in two round trips."""
+    names = sorted(tables)
+    if not names:
+        return {}
+    script = Script()
+    for name in names:
+        database, _, table = name.rpartition(".")
+        script.add(sql.TABLE_EXISTS, database, table)
+    found: list[Result] = yield script.batch()
+    there = [n for n, r in zip(names, found, strict=True) if r.rows[0][0]]
+    counts: dict[str, int | None] = dict.fromkeys((f"t:{n}" for n in names), None)
+    if there:
+        script = Script()
+        for name in there:
+            script.add(f"SELECT COUNT(*) FROM {quote(name)}")
+        rows: list[Result] = yield script.batch()
+        counts.update({f"t:{n}": int(r.rows[0][0]) for n, r in zip(there, rows, strict=True)})
+    return counts
 
 
 class MySQLFlows(EffectFlows, MySQLOutboxFlows):
@@ -204,13 +234,22 @@ class MySQLFlows(EffectFlows, MySQLOutboxFlows):
     @restarts_on_deadlock
     def stats(self) -> Flow[StoreStats]:
         script = Script()
-        for text in (sql.STATS_RECORDS, sql.STATS_APPLIED, sql.STATS_EFFECTS, sql.LEASES_HELD):
+        counts = (
+            sql.STATS_RECORDS,
+            sql.STATS_APPLIED,
+            sql.STATS_EFFECTS,
+            sql.LEASES_HELD,
+            sql.GUARDED_TABLES,
+        )
+        for text in counts:
             script.add(text)
         found: list[Result] = yield script.batch()
-        records = {str(name): int(n) for name, n in found[0].rows}
+        records: dict[str, int | None] = {f"c:{name}": int(n) for name, n in found[0].rows}
         applied = {str(scope): int(n) for scope, n in found[1].rows}
         effects = effect_counts(found[2].rows)
         total, now = found[3].rows[0]
+        tables = {s[2:] for s in stats_scopes(records, applied, effects) if s[0] == "t"}
+        records.update((yield from _row_counts(tables | {str(t) for (t,) in found[4].rows})))
         names = sorted({s[2:] for s in stats_scopes(records, applied, effects)})
         held: dict[str, int] = {}
         if names:

@@ -110,6 +110,15 @@ STATS_APPLIED: Final = "SELECT scope, COUNT(*) FROM fencing_applied GROUP BY sco
 STATS_EFFECTS: Final = (
     "SELECT scope, status, COUNT(*), COUNT(open_since) FROM fencing_effects GROUP BY scope, status"
 )
+# the tables of this database with a guard trigger (``guard``); whether a table exists
+GUARDED_TABLES: Final = (
+    "SELECT DISTINCT EVENT_OBJECT_TABLE FROM information_schema.TRIGGERS"
+    " WHERE TRIGGER_SCHEMA = DATABASE() AND LEFT(TRIGGER_NAME, 14) = 'fencing_guard_'"
+)
+TABLE_EXISTS: Final = (
+    "SELECT COUNT(*) FROM information_schema.TABLES"
+    " WHERE TABLE_SCHEMA = COALESCE(NULLIF(%s, ''), DATABASE()) AND TABLE_NAME = %s"
+)
 LEASES_HELD: Final = (
     f"SELECT COUNT(*), {NOW} FROM fencing_leases WHERE owner IS NOT NULL AND expires_at > {NOW}"
 )

@@ -359,12 +359,25 @@ class PostgresFlows(EffectFlows, PostgresOutboxFlows):
         return [AppliedIntent(row[0], float(row[1])) for row in found.rows]
 
     def stats(self) -> Flow[StoreStats]:
-        counts = (sql.STATS_RECORDS, sql.STATS_APPLIED, sql.STATS_EFFECTS, sql.LEASES_HELD)
-        found: list[Answer] = yield Pipeline(tuple(Query(text) for text in counts))
-        records = {name: int(n) for name, n in found[0].rows}
+        counts = (
+            sql.STATS_RECORDS,
+            sql.STATS_APPLIED,
+            sql.STATS_EFFECTS,
+            sql.LEASES_HELD,
+            sql.GUARDED_TABLES,
+        )
+        schema = {"schema": self.schema}
+        found: list[Answer] = yield Pipeline(tuple(Query(text, schema) for text in counts))
+        records: dict[str, int | None] = {f"c:{name}": int(n) for name, n in found[0].rows}
         applied = {scope: int(n) for scope, n in found[1].rows}
         effects = effect_counts(found[2].rows)
         total, now = found[3].rows[0]
+        named = {s[2:] for s in stats_scopes(records, applied, effects) if s[0] == "t"}
+        tables = sorted(named | {name for (name,) in found[4].rows})
+        if tables:
+            params = {"names": tables, "quoted": [sql.quoted(t) for t in tables]}
+            rows: Answer = yield from read_only(Query(sql.ROW_COUNTS, params))
+            records.update({f"t:{name}": n for name, n in rows.rows})
         names = sorted({s[2:] for s in stats_scopes(records, applied, effects)})
         held: dict[str, int] = {}
         if names:

@@ -129,6 +129,24 @@ STATS_EFFECTS: Final = (
     " COUNT(*) FILTER (WHERE outcome IS NOT NULL AND reconciled_at IS NULL)"
     " FROM fencing_effects GROUP BY scope, status"
 )
+# the tables with a guard trigger (``guard``) in the store's schema (without one: those
+# its search path finds), by the name this store's statements find them by
+GUARDED_TABLES: Final = (
+    "SELECT DISTINCT CASE WHEN pg_catalog.pg_table_is_visible(c.oid) THEN c.relname"
+    " ELSE n.nspname || '.' || c.relname END"
+    " FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid"
+    " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE starts_with(t.tgname, 'fencing_guard_') AND CASE WHEN %(schema)s::text IS NULL"
+    " THEN pg_catalog.pg_table_is_visible(c.oid) ELSE n.nspname = %(schema)s END"
+)
+# each table's row count (NULL: no such table), in one statement: the count of a table
+# named by a parameter runs through query_to_xml
+ROW_COUNTS: Final = (
+    "SELECT t.name, CASE WHEN to_regclass(t.quoted) IS NULL THEN NULL ELSE"
+    " (xpath('/row/c/text()', query_to_xml(format('SELECT count(*) AS c FROM %%s',"
+    " to_regclass(t.quoted)), false, true, '')))[1]::text::bigint END"
+    " FROM unnest(%(names)s::text[], %(quoted)s::text[]) AS t (name, quoted)"
+)
 _HELD: Final = f"l.owner IS NOT NULL AND l.expires_at > {NOW}"
 LEASES_HELD: Final = f"SELECT COUNT(*), {NOW} FROM fencing_leases l WHERE {_HELD}"
 # per name: the held leases named ``<name>/...``

@@ -3,11 +3,12 @@
 ``applied`` reads one record's applied set (one command, in the record's slot). ``stats``
 walks the keyspace with SCAN, on every primary of a Cluster: collection records
 (``<prefix>:c:<name>:{tag}:rec``), applied sets (``...:applied``), the effect rows (their
-one hash, a page at a time, by the ``scan_effects`` script) and lease hashes
-(``<prefix>:lease:{name}``, each read by ``lease_state``). It is a walk, not a snapshot:
-counts made while workers write are each true at some moment of it. A table row's lease
-is counted under either name: ``<table>/<key>`` or the one that shares the row's Cluster
-slot, ``<table_prefix><table>:<key>``.
+one hash, a page at a time, by the ``scan_effects`` script), declared tables
+(``<prefix>:table:<name>``) and their rows (``<table_prefix><table>:<key>`` hashes), and
+lease hashes (``<prefix>:lease:{name}``, each read by ``lease_state``). It is a walk, not
+a snapshot: counts made while workers write are each true at some moment of it. A table
+row's lease is counted under either name: ``<table>/<key>`` or the one that shares the
+row's Cluster slot, ``<table_prefix><table>:<key>``.
 """
 
 from __future__ import annotations
@@ -55,9 +56,10 @@ class LookFlows(EffectFlows):
         settings = self.settings
         layout = settings.layout
         start = len(layout.prefix) + 1
-        records: Counter[str] = Counter()
+        counted: Counter[str] = Counter()
         for key in (yield from self._keys(f"{layout.prefix}:c:*:rec", "hash")):
-            records[_scope_of(key, start)[1]] += 1
+            counted[f"c:{_scope_of(key, start)[1]}"] += 1
+        records: dict[str, int | None] = dict(counted)
         applied: Counter[str] = Counter()
         applied_keys = yield from self._keys(layout.applied_pattern, "zset")
         for i in range(0, len(applied_keys), 500):
@@ -79,6 +81,16 @@ class LookFlows(EffectFlows):
                 counts["reconcile"] += effect.needs_reconcile
             if cursor == "0":
                 break
+        tables_at = f"{layout.prefix}:table:"
+        declared = {
+            key[len(tables_at) :] for key in (yield from self._keys(f"{tables_at}*", "set"))
+        }
+        tables = {s[2:] for s in stats_scopes(records, applied, effects) if s[0] == "t"}
+        for table in sorted(tables | declared):
+            rows = None
+            if table in declared:  # its rows: the hashes ``<table_prefix><table>:<key>``
+                rows = len((yield from self._keys(f"{layout.table_prefix}{table}:*", "hash")))
+            records[f"t:{table}"] = rows
         lease_keys = yield from self._keys(f"{layout.prefix}:lease:*", "hash")
         held: list[str] = []
         now = now_us / 1e6

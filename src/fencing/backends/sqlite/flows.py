@@ -37,6 +37,15 @@ __all__ = ["SQLiteFlows", "Txn", "txn"]
 T = TypeVar("T")
 
 
+def _rows(conn: sqlite3.Connection, table: str) -> int | None:
+    """How many rows ``table`` (``schema.table`` too) has; None if it is gone."""
+    try:
+        found = conn.execute(f"SELECT COUNT(*) FROM {quote(table)}")
+    except sqlite3.OperationalError:  # no such table (dropped since it was written)
+        return None
+    return int(found.fetchone()[0])
+
+
 class SQLiteFlows(SQLiteOutboxFlows):
     """The flows of ``_contract.Flows`` for SQLite (one ``Statements`` cache per store)."""
 
@@ -174,9 +183,15 @@ class SQLiteFlows(SQLiteOutboxFlows):
 
     def stats(self) -> Flow[StoreStats]:
         def body(conn: sqlite3.Connection, now: float) -> StoreStats:
-            records = dict(conn.execute(sql.STATS_RECORDS).fetchall())
+            records: dict[str, int | None] = {
+                f"c:{name}": n for name, n in conn.execute(sql.STATS_RECORDS)
+            }
             applied = dict(conn.execute(sql.STATS_APPLIED).fetchall())
             effects = effect_counts(conn.execute(sql.STATS_EFFECTS).fetchall())
+            tables = {s[2:] for s in stats_scopes(records, applied, effects) if s[0] == "t"}
+            tables |= {name for (name,) in conn.execute(sql.GUARDED_TABLES)}
+            for table in tables:
+                records[f"t:{table}"] = _rows(conn, table)
             held = {}
             for scope in stats_scopes(records, applied, effects):
                 prefix = f"{scope[2:]}/"

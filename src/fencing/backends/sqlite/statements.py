@@ -89,6 +89,11 @@ APPLIED_TO_KEY: Final = (
 )
 STATS_RECORDS: Final = "SELECT collection, COUNT(*) FROM fencing_records GROUP BY collection"
 STATS_APPLIED: Final = "SELECT scope, COUNT(*) FROM fencing_applied GROUP BY scope"
+# the tables of this database with a guard trigger (``guard``)
+GUARDED_TABLES: Final = (
+    "SELECT DISTINCT tbl_name FROM sqlite_master"
+    " WHERE type = 'trigger' AND name GLOB 'fencing_guard_*'"
+)
 STATS_EFFECTS: Final = (
     "SELECT scope, status, COUNT(*),"
     " SUM(CASE WHEN outcome IS NOT NULL AND reconciled_at IS NULL THEN 1 ELSE 0 END)"
