@@ -240,6 +240,21 @@ def test_stats_of_a_table_since_dropped(tmp_path: Path, capsys: pytest.CaptureFi
     )
 
 
+def test_inspect_a_table_without_a_version_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'plain.db'}"
+    with sqlite3.connect(tmp_path / "plain.db") as conn:
+        conn.execute("CREATE TABLE plain_t (id INTEGER PRIMARY KEY, status TEXT)")
+        conn.execute("INSERT INTO plain_t VALUES (3, 'new')")
+    fencing.open(url).close()  # fencing's own tables
+    assert main(["inspect", url, "plain_t", "3", "--table"]) == 2  # no column "version"
+    assert "SchemaError" in capsys.readouterr().err
+    assert main(["inspect", url, "plain_t", "3", "--table", "--no-version-column"]) == 0
+    shown = _json(capsys)
+    assert (shown["version"], shown["state"]) == (0, {"status": "new"})
+
+
 def test_stats_and_inspect_refuse_an_unmigrated_store(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

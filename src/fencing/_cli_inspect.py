@@ -52,11 +52,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--key-column", default="id", metavar="COLUMN", help="the table's key column (id)"
     )
-    parser.add_argument(
+    versions = parser.add_mutually_exclusive_group()
+    versions.add_argument(
         "--version-column",
         default="version",
         metavar="COLUMN",
         help="the table's version column (version)",
+    )
+    versions.add_argument(
+        "--no-version-column",
+        dest="version_column",
+        action="store_const",
+        const=None,
+        help="the table has no version column (its intents carry a guard instead)",
     )
     parser.add_argument(
         "--lease",
