@@ -179,7 +179,11 @@ def test_inspect_cli_on_every_shared_store(
     assert "InvalidInput" in capsys.readouterr().err
     assert main(["inspect", url, "orders", "o-1", "--applied", "-1"]) == 2
     assert "InvalidInput" in capsys.readouterr().err
+    assert main(["inspect", url, "orders", "o-1", "--applied", "10001"]) == 2
+    assert "InvalidInput" in capsys.readouterr().err
     assert main(["inspect", url, "bad name!", "1"]) == 2
+    assert "InvalidIdentifier" in capsys.readouterr().err
+    assert main(["inspect", url, "orders", "o-1", "--lease", "bad lease!"]) == 2
     assert "InvalidIdentifier" in capsys.readouterr().err
 
 

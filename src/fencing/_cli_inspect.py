@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["add_arguments", "run"]
 
 _INT = re.compile(r"-?[0-9]+")
+MAX_APPLIED = 10_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,14 +131,19 @@ def _find(store: Store, args: argparse.Namespace) -> tuple[Record | None, Target
     return None, None, ", and ".join(looked)
 
 
-def _lease(store: Store, name: str) -> dict[str, Any] | None:
+def _lease(store: Store, name: str, given: bool) -> dict[str, Any] | None:
+    """The lease ``name`` as the store holds it, or None; a name by convention that no
+    lease can have (the key holds a character a name cannot) is None, a ``given`` one
+    is refused (``InvalidIdentifier``)."""
     from ._errors import InvalidIdentifier
     from ._validate import check_name
 
     try:
         name = check_name(name, "lease")
     except InvalidIdentifier:
-        return None  # a key no lease name could hold
+        if given:
+            raise
+        return None
     answer = store.backend.lease_state(name)
     row = answer.row
     if row is None:
@@ -168,8 +174,9 @@ def inspect(store: Store, args: argparse.Namespace) -> dict[str, Any] | str:
     if record is None or target is None:
         return looked
     shown = record.to_dict()
-    names = [args.lease] if args.lease is not None else _lease_names(store, target, record)
-    shown["lease"] = next(filter(None, (_lease(store, name) for name in names)), None)
+    given = args.lease is not None
+    names = [args.lease] if given else _lease_names(store, target, record)
+    shown["lease"] = next(filter(None, (_lease(store, name, given) for name in names)), None)
     applied = store.backend.applied(target, record.key, args.applied) if args.applied else []
     shown["applied"] = [{"intent_id": a.intent_id, "applied_at": a.applied_at} for a in applied]
     return shown
@@ -180,8 +187,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ._errors import InvalidInput
 
-    if args.applied < 0:
-        raise InvalidInput(f"--applied takes a count, not {args.applied}")
+    if not 0 <= args.applied <= MAX_APPLIED:
+        raise InvalidInput(f"--applied takes a count from 0 to {MAX_APPLIED}, not {args.applied}")
     with fencing.open(args.url, migrate=False) as store:
         shown = inspect(store, args)
     if isinstance(shown, str):
