@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +268,23 @@ def test_stats_and_inspect_refuse_an_unmigrated_store(
     assert "SchemaError" in capsys.readouterr().err
     assert main(["inspect", url, "orders", "o-1"]) == 2
     assert "SchemaError" in capsys.readouterr().err
+
+
+def test_a_terminal_gets_a_panel_and_a_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("rich", reason="the cli extra (rich) draws the panel")
+    url = f"sqlite:///{tmp_path / 'tty.db'}"
+    with fencing.open(url) as store:
+        committed, _ = _history(store)
+    capsys.readouterr()
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["inspect", url, "orders", "o-1"]) == 0
+    out = capsys.readouterr().out
+    assert "collection 'orders', key 'o-1'" in out and "version" in out
+    assert committed[-1] in out and "fence" in out and "lease" in out
+    assert main(["inspect", url, "orders", "o-1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["version"] == 5  # --json stays parseable
+    assert main(["stats", url]) == 0
+    out = capsys.readouterr().out
+    assert "fencing stats (sqlite)" in out and "orders" in out and "leases held: 0" in out
