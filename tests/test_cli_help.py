@@ -65,3 +65,21 @@ def test_subcommand_help_prints(capsys: pytest.CaptureFixture[str]) -> None:
         assert exited.value.code == 0
         out = capsys.readouterr().out
         assert "url" in out and "store URL" in out
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["stats", "memory://"], ["--help"]])
+def test_a_reader_that_goes_away_ends_quietly(argv: list[str]) -> None:
+    """``fencing ... | head``: the pipe closes before fencing writes; no traceback,
+    exit 141 (128 + SIGPIPE) or 0 when the output was already out."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fencing", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first write
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert proc.returncode in (0, 141)

@@ -9,6 +9,7 @@ has a help text (``tests/test_cli_help.py`` walks the parser to keep it so).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -145,6 +146,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, so a reader that went away is seen here
+        return code
+    except BrokenPipeError:
+        # `fencing stats URL | head`: the reader closed the pipe; no traceback, and
+        # nothing more written (the interpreter's own last flush would fail again)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command the pipe ended
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from ._errors import FencingError
