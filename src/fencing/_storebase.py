@@ -78,6 +78,16 @@ class TargetBase:
     def kind(self) -> Kind:
         return self.target.kind
 
+    def lease_name(self, key: object) -> str:
+        """The name of the lease that fences this record (``store.lease(name, ...)``;
+        the task integrations' default): ``<name>/<key>``. On Redis a table row's is
+        the row's own key, ``<table_prefix><table>:<key>``, so that on a Cluster the
+        lease lives in the row's hash slot and a fenced commit can be atomic."""
+        checked = self._key(key)
+        backend = getattr(_root(self._store), "backend", None)
+        own = getattr(backend, "record_lease_name", None)
+        return f"{self.name}/{checked}" if own is None else str(own(self.target, checked))
+
     def _key(self, key: object) -> str | int:
         key = check_key(key)
         if self.target.kind == "collection" and not isinstance(key, str):

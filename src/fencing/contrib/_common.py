@@ -249,11 +249,14 @@ class FencedTask:
         return Intent.from_json(payload)
 
     # -- running -------------------------------------------------------------------
-    def _lease_args(self, intent: Intent) -> dict[str, Any]:
+    def _lease_args(self, intent: Intent, target: SyncTarget | AsyncTarget) -> dict[str, Any]:
         spec = self.lease
         assert spec is not None
+        # the default names the record's own lease as its store does (Redis: in the
+        # record's hash slot, a table row's own key)
+        own = spec.name is record_lease_name
         return {
-            "name": spec.name(intent),
+            "name": target.lease_name(intent.key) if own else spec.name(intent),
             "owner": spec.owner_name(),
             "ttl": spec.ttl,
             "wait": spec.wait,
@@ -264,7 +267,7 @@ class FencedTask:
         if self.lease is None:
             return target.apply(intent, self.decide, on_stale=self.on_stale), None
         store: Store = target._store
-        with store.acquire(**self._lease_args(intent)) as lease:
+        with store.acquire(**self._lease_args(intent, target)) as lease:
             outcome = target.apply(intent, self.decide, on_stale=self.on_stale, lease=lease)
             return outcome, lease.token
 
@@ -272,7 +275,7 @@ class FencedTask:
         if self.lease is None:
             return await target.apply(intent, self.decide, on_stale=self.on_stale), None
         store: AsyncStore = target._store
-        async with await store.acquire(**self._lease_args(intent)) as lease:
+        async with await store.acquire(**self._lease_args(intent, target)) as lease:
             outcome = await target.apply(intent, self.decide, on_stale=self.on_stale, lease=lease)
             return outcome, lease.token
 

@@ -43,7 +43,9 @@ class Backoff:
 
 
 def record_lease_name(intent: Intent) -> str:
-    """The default lease name: ``<collection>/<key>``, one lease per record."""
+    """The default lease name: ``<collection>/<key>``, one lease per record. A task
+    with this default takes the name from its target (``target.lease_name(key)``),
+    which on Redis is a table row's own key, so the lease shares its Cluster slot."""
     return f"{intent.collection}/{intent.key}"
 
 
@@ -55,7 +57,8 @@ def _default_owner() -> str:
 class LeaseSpec:
     """Run each task under a lease on its record, so a paused worker is fenced.
 
-    ``name(intent)`` names the lease (default ``<collection>/<key>``); ``owner`` is
+    ``name(intent)`` names the lease (default: the record's, ``<collection>/<key>``,
+    on Redis a table row's own key ``<table_prefix><table>:<key>``); ``owner`` is
     informational (default ``<host>:<pid>``); the task waits up to ``wait`` seconds
     for a held lease, then reports ``LeaseHeld``, which the queue retries. With
     ``heartbeat`` the lease is renewed every ``ttl/3`` while ``decide`` runs; a

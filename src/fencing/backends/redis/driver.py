@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from ..._errors import FencingError
-from ..._request import CommitRequest, CommitResult
+from ..._request import CommitRequest, CommitResult, Target
 from .._abase import AsyncFlowBackend
 from .._base import FlowBackend
 from .._contract import Flows
@@ -83,6 +83,11 @@ class _RedisDriver:
         it may be sent straight (no ``WAIT`` to follow it)."""
         write = name == "commit"
         return judge_call(self.layout, request, name), write, self._direct or not write
+
+    def record_lease_name(self, target: Target, key: str | int) -> str:
+        """The lease that fences a record shares its hash slot (``Layout.tag``):
+        ``<collection>/<key>``, or a table row's own key."""
+        return self.layout.tag(target, key)
 
     def _revive(self) -> None:
         """Give the Cluster client its nodes back if it forgot them all (``revive``)."""
