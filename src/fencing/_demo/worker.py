@@ -159,6 +159,7 @@ class Worker:
         message: Mapping[str, Any],
         lease: Lease | None,
     ) -> bool:
+        read_at = time.time()
         record = collection.get(intent.key)
         if record is None:
             return True
@@ -167,9 +168,11 @@ class Worker:
         if message["kind"] == "accounts":
             state = credit(record.state, int(message["amount"]))
             decided_against: int | None = record.version  # it re-read, then computed
+            decided_at = read_at
         else:
             state = order_step(record.state, intent.transition)
             decided_against = intent.expected_version  # the decision taken at enqueue
+            decided_at = intent.decided_at
         # The unconditional write: whatever the record holds now is replaced.
         while True:
             current = collection.get(intent.key)
@@ -196,6 +199,7 @@ class Worker:
                 "applied_over": current.version,
                 "token": lease.token if lease is not None else None,
                 "fence": written.fence,
+                "decided_at": decided_at,
             }
         )
         return True

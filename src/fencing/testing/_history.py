@@ -26,7 +26,9 @@ Blank lines are ignored. Every event has an ``"event"`` field naming its kind:
       version it really overwrote. Null for other outcomes.
     - ``token``: the lease token the commit was made under (null without a lease);
       ``fence``: the record's fence as the store answered.
-    - optional: ``reason`` (why fenced), ``attempts`` (contended).
+    - optional: ``reason`` (why fenced), ``attempts`` (contended), ``decided_at``
+      (when the decision was taken: the intent's ``decided_at``, same clock as ``t``;
+      informative only, never judged).
 
 ``final``: the store's content at the end, one per key judged::
 
@@ -233,6 +235,8 @@ def outcome_event(
         "token": token,
         "fence": record.fence if record is not None else None,
     }
+    if used.decided_at:
+        event["decided_at"] = used.decided_at
     if isinstance(outcome, Fenced):
         event["reason"] = outcome.reason.value
     if isinstance(outcome, Contended):
