@@ -39,7 +39,7 @@ LAYERS: list[tuple[int, str]] = [
     (4, r"fencing\.backends\.[a-z]\w*(\..+)?"),
     (5, r"fencing\.(_storebase|_alease|_lease|_aoutbox|_outbox_front|_astore|_store|_open)"),
     (6, r"fencing"),
-    (7, r"fencing\.(testing|contrib|_demo|_bench|_cli\w*|__main__)(\..+)?"),
+    (7, r"fencing\.(testing|contrib|_demo|_bench|_html|_cli\w*|__main__)(\..+)?"),
 ]
 NAMES = {0: "base", 1: "values", 2: "policy", 3: "backend core", 4: "backends"}
 NAMES |= {5: "stores", 6: "api", 7: "wings"}

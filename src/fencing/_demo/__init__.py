@@ -10,6 +10,7 @@ One job per module; each imports only modules listed above it, so there is no ci
   and the pool of worker threads or processes;
 - ``queues``: the same race through a real task queue (``--queue``): the producer,
   the worker processes, and one module per queue;
+- ``report``: the race as a self-contained HTML page (``--report``);
 - ``runner``: the two runs, naive then fencing (:func:`run_demo`);
 - ``render``: the terminal output (rich): intro, progress bars, table, verdict;
 - ``command``: ``fencing demo``'s arguments, and its JSON output.

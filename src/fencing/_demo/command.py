@@ -59,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --queue: the send after the commit, naive (a crash before the enqueue loses"
         " the task) vs the transactional outbox and a relay SIGKILLed mid-run",
     )
+    parser.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also write the race as one self-contained HTML page (race.html): the"
+        " checker's verdict and a timeline per key, naive and fencing",
+    )
     parser.add_argument("--json", action="store_true", help="machine output: no table, no bar")
 
 
@@ -77,6 +83,7 @@ def _config(args: argparse.Namespace) -> DemoConfig:
         queue=args.queue,
         broker=args.broker,
         outbox=args.outbox,
+        report=args.report,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Final
 
@@ -20,6 +21,7 @@ class DemoConfig:
     queue: str | None = None  # celery, rq, dramatiq or arq: real worker processes of that queue
     broker: str | None = None  # the queue's broker URL (default: a local Redis database)
     outbox: bool = False  # with queue: naive send after commit vs the outbox and a relay
+    report: str | None = None  # write the race as an HTML page here (report.py)
 
 
 QUEUES: Final = ("celery", "rq", "dramatiq", "arq")
@@ -44,6 +46,8 @@ def validate(config: DemoConfig) -> None:
             "--outbox runs on the demo's own SQLite file (its relay would publish any row"
             " of another store's outbox): drop --store"
         )
+    if config.report is not None:
+        check_report_path(config.report, "--report")
     shared = "--queue" if config.queue is not None else "--processes" if config.processes else ""
     if shared and config.store is not None:
         lowered = config.store.lower()
@@ -52,3 +56,16 @@ def validate(config: DemoConfig) -> None:
                 f"{shared} needs a store shared between processes: a file"
                 " (sqlite:///demo.db) or a server, not an in-memory store"
             )
+
+
+def check_report_path(path: str, option: str) -> None:
+    """A file a report can be written to: its directory exists, it is not a directory."""
+    if not path or "\x00" in path:
+        raise InvalidInput(f"{option} needs a file name, not {path!r}")
+    if os.path.isdir(path):
+        raise InvalidInput(f"{option} {path!r} is a directory: name a file (race.html)")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise InvalidInput(f"{option} {path!r}: the directory {parent!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise InvalidInput(f"{option} {path!r}: the directory {parent!r} is not writable")

@@ -78,6 +78,8 @@ def run_rich(config: DemoConfig) -> int:
             console.print(f"[yellow]{mode} worker error:[/] {error}")
         if result.history:
             console.print(f"[dim]{mode} history: {result.history}[/]")
+    if config.report is not None:
+        console.print(f"report: {config.report}")
     return _verdict(console, results)
 
 

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import fencing
@@ -15,6 +16,7 @@ from ..testing import HistoryWriter
 from .broker import Broker, Pool
 from .config import DemoConfig, validate
 from .queues import run_queue_demo
+from .report import write_report
 from .scenario import (
     MODES,
     RunResult,
@@ -63,8 +65,31 @@ def run_demo(
     on_start: Callable[[str, int], None] | None = None,
     on_progress: Callable[[str, int], None] | None = None,
 ) -> dict[str, RunResult]:
-    """Run the schedule naive, then with fencing; returns each run's result."""
+    """Run the schedule naive, then with fencing; returns each run's result.
+
+    With ``config.report``, the histories are kept until the report is written.
+    """
     validate(config)
+    if config.report is None:
+        return _run_both(config, on_start, on_progress)
+    keep = config.history_dir or tempfile.mkdtemp(prefix="fencing-report-")
+    try:
+        results = _run_both(replace(config, history_dir=keep), on_start, on_progress)
+        write_report(config.report, config, results)
+        if config.history_dir is None:
+            for result in results.values():
+                result.history = ""
+        return results
+    finally:
+        if config.history_dir is None:
+            shutil.rmtree(keep, ignore_errors=True)
+
+
+def _run_both(
+    config: DemoConfig,
+    on_start: Callable[[str, int], None] | None,
+    on_progress: Callable[[str, int], None] | None,
+) -> dict[str, RunResult]:
     if config.queue is not None:
         return run_queue_demo(config, on_start, on_progress)
     specs = make_schedule(config.seed, config.tasks, config.keys)
