@@ -8,10 +8,13 @@ anywhere, so a page opens the same offline, in a mail attachment, or in CI.
 from __future__ import annotations
 
 import html
+import os
 import re
 from typing import Final
 
-__all__ = ["close", "esc", "num", "page", "shape", "svg"]
+from ._errors import InvalidInput
+
+__all__ = ["check_report_path", "close", "esc", "num", "page", "shape", "svg"]
 
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -116,3 +119,16 @@ def close(kind: str) -> str:
         "down": "</polygon>",
         "cross": "</path>",
     }[kind]
+
+
+def check_report_path(path: str, option: str) -> None:
+    """A file a report can be written to: its directory exists, it is not a directory."""
+    if not path or "\x00" in path:
+        raise InvalidInput(f"{option} needs a file name, not {path!r}")
+    if os.path.isdir(path):
+        raise InvalidInput(f"{option} {path!r} is a directory: name a file (race.html)")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise InvalidInput(f"{option} {path!r}: the directory {parent!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise InvalidInput(f"{option} {path!r}: the directory {parent!r} is not writable")

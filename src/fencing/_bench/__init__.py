@@ -4,7 +4,8 @@ For each store and setting, each operation is measured through fencing and throu
 hand-written baseline on the raw driver, alternately in the same run (see
 ``_harness``), and reported as ratios of time per call, with p50/p99 latency and peak
 Python memory. ``--json`` prints a list of rows, ``--markdown`` a table to paste into
-the README. rich (the ``cli`` extra) is needed only for the default table output.
+the README, ``--report FILE`` also writes them as an HTML page with charts (``_html``).
+rich (the ``cli`` extra) is needed only for the default table output.
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--no-memory", action="store_true", help="skip the tracemalloc peak-memory blocks"
+    )
+    parser.add_argument(
+        "--report",
+        metavar="FILE",
+        help="also write the results as one self-contained HTML page (bench.html):"
+        " ratios and latency distributions per operation and store",
     )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -246,6 +253,11 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_from(args)
     for url in args.store:
         check_store(url)
+    report = getattr(args, "report", None)
+    if report is not None:
+        from .._html import check_report_path
+
+        check_report_path(report, "--report")
     targets: list[tuple[str | None, str]] = (
         [(url, "") for url in args.store] if args.store else [(None, "full"), (None, "normal")]
     )
@@ -265,4 +277,10 @@ def run(args: argparse.Namespace) -> int:
         print(_report.to_markdown(rows, quick=args.quick), end="")
     else:
         _report.print_rich(rows, quick=args.quick)
+    if report is not None:
+        from ._html import write_report
+
+        write_report(report, rows, quick=args.quick)
+        if not args.json:
+            print(f"report: {report}", file=sys.stderr if args.markdown else sys.stdout)
     return 0

@@ -21,7 +21,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from .._errors import FencingError
 
@@ -211,19 +211,28 @@ def measure(contest: Contest, plan: Plan, tick: Callable[[], None] | None = None
     return ContestResult(contest, n, rounds, samples)
 
 
-def percentile(values: Sequence[int], q: float) -> float:
-    """The nearest-rank percentile (``q`` in 0..1) of ``values``."""
-    ordered = sorted(values)
-    return float(ordered[max(0, math.ceil(q * len(ordered)) - 1)])
+def percentile(values: Sequence[int], q: float, *, ordered: bool = False) -> float:
+    """The nearest-rank percentile (``q`` in 0..1) of ``values`` (already sorted if
+    ``ordered``)."""
+    if not ordered:
+        values = sorted(values)
+    return float(values[max(0, math.ceil(q * len(values)) - 1)])
+
+
+#: The latency percentiles each side reports (``<side>_p<N>_us``): the report's box plots.
+PERCENTILES: Final = (10, 25, 50, 75, 90, 99)
 
 
 def _side_numbers(prefix: str, sample: Sample, per_call: int) -> dict[str, Any]:
     median_ns = statistics.median(sample.per_round)
+    ordered = sorted(sample.latencies)
     return {
         f"{prefix}_ops_per_s": per_call * 1e9 / median_ns,
         f"{prefix}_us_per_call": median_ns / 1e3,
-        f"{prefix}_p50_us": percentile(sample.latencies, 0.50) / 1e3,
-        f"{prefix}_p99_us": percentile(sample.latencies, 0.99) / 1e3,
+        **{
+            f"{prefix}_p{q}_us": percentile(ordered, q / 100, ordered=True) / 1e3
+            for q in PERCENTILES
+        },
         f"{prefix}_peak_kib": sample.peak_bytes / 1024,
     }
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Final
 
 from .._errors import ConfigurationError, InvalidInput
+from .._html import check_report_path
 
 
 @dataclass(frozen=True)
@@ -57,15 +57,3 @@ def validate(config: DemoConfig) -> None:
                 " (sqlite:///demo.db) or a server, not an in-memory store"
             )
 
-
-def check_report_path(path: str, option: str) -> None:
-    """A file a report can be written to: its directory exists, it is not a directory."""
-    if not path or "\x00" in path:
-        raise InvalidInput(f"{option} needs a file name, not {path!r}")
-    if os.path.isdir(path):
-        raise InvalidInput(f"{option} {path!r} is a directory: name a file (race.html)")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise InvalidInput(f"{option} {path!r}: the directory {parent!r} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise InvalidInput(f"{option} {path!r}: the directory {parent!r} is not writable")
