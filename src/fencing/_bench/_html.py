@@ -37,6 +37,7 @@ PALETTE: Final = (
 )
 SIDES: Final = (("fencing", "fencing", "#00897b"), ("baseline", "hand-written", "#90a4ae"))
 RATIO_CAP: Final = 6.0
+HALO: Final = {"paint_order": "stroke", "stroke": "#fff", "stroke_width": "3"}  # text over lines
 
 
 def _label(row: Row) -> str:
@@ -74,7 +75,7 @@ def _ratio_chart(groups: list[tuple[str, str, list[Row]]]) -> str:
     for (_, _, items), where in zip(groups, wheres, strict=True):
         for row in items:
             if row["kind"] == "pair":
-                rows.setdefault(_label(row), []).append((where, row))
+                rows.setdefault(str(row["operation"]), []).append((where, row))
     if not rows:
         return "<p>No operation was measured.</p>"
     highest = max(float(r["ratio_high"]) for pairs in rows.values() for _, r in pairs)
@@ -85,7 +86,7 @@ def _ratio_chart(groups: list[tuple[str, str, list[Row]]]) -> str:
     out: list[str] = []
     y = 8.0
     for i, (label, pairs) in enumerate(rows.items()):
-        height = bar * len(pairs) + 4
+        height = max(bar * len(pairs) + 4, 28 if len(label) > 44 else 0)
         if i % 2 == 0:
             out.append(
                 f'<rect x="0" y="{num(y - 3)}" width="{WIDTH}" height="{num(height + 6)}"'
@@ -93,13 +94,13 @@ def _ratio_chart(groups: list[tuple[str, str, list[Row]]]) -> str:
             )
         out.append(_row_label(y + height / 2, label))
         for j, (where, row) in enumerate(pairs):
-            by = y + 2 + j * bar
+            by = y + 2 + (height - 4 - bar * len(pairs)) / 2 + j * bar
             ratio = float(row["ratio"])
             width = min(ratio, top_ratio) * scale
             tip = (
                 f"{label} on {where}: {ratio:.2f}x (rounds {row['ratio_low']:.2f}x to"
                 f" {row['ratio_high']:.2f}x); fencing {row['fencing_ops_per_s']:,.0f} ops/s,"
-                f" hand-written {row['baseline_ops_per_s']:,.0f} ops/s"
+                f" {row['baseline']} {row['baseline_ops_per_s']:,.0f} ops/s"
             )
             out.append(
                 f'<g class="ratio"><rect x="{LABELS_W}" y="{num(by)}" width="{num(width)}"'
@@ -114,7 +115,10 @@ def _ratio_chart(groups: list[tuple[str, str, list[Row]]]) -> str:
                 ' stroke="#263238" stroke-width="1"/>'
             )
             shown = f"{ratio:.2f}x" + (" >" if ratio > top_ratio else "")
-            out.append(_text(max(high, LABELS_W + width) + 4, mid + 4, shown, font_size="10"))
+            if row.get("baseline") != "hand-written":
+                shown += f" vs {row.get('baseline')}"
+            at = min(max(high, LABELS_W + width) + 4, WIDTH - 4 - 5.6 * len(shown))
+            out.append(_text(at, mid + 4, shown, font_size="10", **HALO))
             target = row.get("target_ratio")
             if target is not None:
                 tx = LABELS_W + min(float(target), top_ratio) * scale
@@ -158,7 +162,7 @@ def _ratio_axis(y: float, top_ratio: float, scale: float) -> str:
         tick += step
     out.append(
         _text(
-            LABELS_W - 10,
+            LABELS_W - 16,
             y + 16,
             "fencing's time per call / hand-written's",
             font_size="11",
@@ -195,7 +199,7 @@ def _latency_chart(where: str, items: list[Row]) -> str:
         return LABELS_W + (math.log10(value) - math.log10(low)) / span * plot
 
     out: list[str] = []
-    box, row_h = 9, 26
+    box, row_h = 9, 28
     y = 6.0
     for i, row in enumerate(pairs):
         if i % 2 == 0:
@@ -247,9 +251,15 @@ def _latency_chart(where: str, items: list[Row]) -> str:
 
 
 def _us(value: float) -> str:
-    if value >= 1000:
-        return f"{value / 1000:.3g} ms"
-    return f"{value:.3g} µs"
+    """Microseconds, in the unit that keeps three significant digits readable."""
+    for unit, size in (("s", 1e6), ("ms", 1e3)):
+        if value >= size:
+            return f"{_digits(value / size)} {unit}"
+    return f"{_digits(value)} µs"
+
+
+def _digits(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def _latency_axis(y: float, low: float, high: float, x: Any) -> str:
@@ -273,7 +283,7 @@ def _latency_axis(y: float, low: float, high: float, x: Any) -> str:
         decade *= 10
     out.append(
         _text(
-            LABELS_W - 10,
+            LABELS_W - 28,
             y + 16,
             "latency per call (log)",
             font_size="11",
