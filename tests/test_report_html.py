@@ -8,7 +8,7 @@ import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -25,7 +25,7 @@ T0 = 1_800_000_000.0
 class Tags(HTMLParser):
     """Counts elements, checks nesting, collects attributes and text."""
 
-    VOID = {"meta", "br", "img", "link", "input", "hr"}
+    VOID: ClassVar = frozenset({"meta", "br", "img", "link", "input", "hr"})
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -225,10 +225,8 @@ def test_esc_makes_any_text_inert() -> None:
 def test_demo_writes_its_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "race.html"
     history = tmp_path / "history"
-    code = main(
-        ["demo", "--json", "--tasks", "60", "--workers", "4", "--keys", "2"]
-        + ["--report", str(report), "--history", str(history)]
-    )
+    size = ["--tasks", "60", "--workers", "4", "--keys", "2"]
+    code = main(["demo", "--json", *size, "--report", str(report), "--history", str(history)])
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and data["ok"]
     assert data["config"]["report"] == str(report)

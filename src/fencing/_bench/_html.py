@@ -35,7 +35,11 @@ PALETTE: Final = (
     "#5d4037",
     "#455a64",
 )
-SIDES: Final = (("fencing", "fencing", "#00897b"), ("baseline", "hand-written", "#90a4ae"))
+#: (row prefix, name, line colour, box fill) per side.
+SIDES: Final = (
+    ("fencing", "fencing", "#00897b", "#80cbc4"),
+    ("baseline", "hand-written", "#78909c", "#cfd8dc"),
+)
 RATIO_CAP: Final = 6.0
 HALO: Final = {"paint_order": "stroke", "stroke": "#fff", "stroke_width": "3"}  # text over lines
 
@@ -104,7 +108,7 @@ def _ratio_chart(groups: list[tuple[str, str, list[Row]]]) -> str:
             )
             out.append(
                 f'<g class="ratio"><rect x="{LABELS_W}" y="{num(by)}" width="{num(width)}"'
-                f' height="{bar - 2}" fill="{colours[where]}" opacity="0.85"/>'
+                f' height="{bar - 2}" fill="{colours[where]}"/>'
                 f"<title>{esc(tip)}</title></g>"
             )
             low = LABELS_W + min(float(row["ratio_low"]), top_ratio) * scale
@@ -187,7 +191,7 @@ def _latency_chart(where: str, items: list[Row]) -> str:
     pairs = [r for r in items if r["kind"] == "pair"]
     if not pairs:
         return ""
-    values = [v for r in pairs for side, _, _ in SIDES for v in _quantiles(r, side).values()]
+    values = [v for r in pairs for side, _, _, _ in SIDES for v in _quantiles(r, side).values()]
     if not values:
         return ""
     low = 10 ** math.floor(math.log10(min(values)))
@@ -207,7 +211,7 @@ def _latency_chart(where: str, items: list[Row]) -> str:
                 f'<rect x="0" y="{num(y - 2)}" width="{WIDTH}" height="{row_h}" fill="#f6f8fa"/>'
             )
         out.append(_row_label(y + 10, _label(row)))
-        for j, (side, name, colour) in enumerate(SIDES):
+        for j, (side, name, colour, fill) in enumerate(SIDES):
             q = _quantiles(row, side)
             if 50 not in q:
                 continue
@@ -228,7 +232,7 @@ def _latency_chart(where: str, items: list[Row]) -> str:
                 left, right = x(q[25]), max(x(q[75]), x(q[25]) + 1)
                 parts.append(
                     f'<rect x="{num(left)}" y="{num(by)}" width="{num(right - left)}"'
-                    f' height="{box}" fill="{colour}" opacity="0.55" stroke="{colour}"/>'
+                    f' height="{box}" fill="{fill}" stroke="{colour}"/>'
                 )
             if 90 in q:
                 parts.append(
@@ -307,8 +311,8 @@ def bench_html(rows: Sequence[Row], *, quick: bool = False) -> str:
     body += [_ratio_chart(groups), "</section>"]
     legend = "".join(
         f'<span><svg width="14" height="12"><rect width="14" height="12" fill="{c}"'
-        f' opacity="0.7"/></svg> {esc(name)}</span>'
-        for _, name, c in SIDES
+        f' stroke="{line}"/></svg> {esc(name)}</span>'
+        for _, name, line, c in SIDES
     )
     body.append(
         '<section id="latencies"><h2>Latency per call</h2><div class="legend">'

@@ -56,4 +56,3 @@ def validate(config: DemoConfig) -> None:
                 f"{shared} needs a store shared between processes: a file"
                 " (sqlite:///demo.db) or a server, not an in-memory store"
             )
-
