@@ -4,7 +4,8 @@ Blocks are found automatically (a new one is picked up, and a failure names its 
 and line). A file's ``python`` blocks build on each other, as a reader would type them:
 block N runs after blocks 1..N-1 of the same file, in one namespace, in a fresh
 directory. ``sh`` blocks run in bash (``make`` lines as ``make -n``: they would build a
-virtualenv). ``text`` blocks are diagrams, not code.
+virtualenv; a ``chromium`` line skips without Chromium, and fails when ``CI`` is set).
+``text`` blocks are diagrams, not code.
 
 What the docs assume, the test provides, and the docs say so in a visible comment:
 - the documented addresses are mapped to the local services: ``postgresql://app@db/shop``
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -319,6 +321,13 @@ def _run_sh(block: Block, services: Services) -> None:
             assert done.returncode == 0, done.stderr
             assert "fencing" in done.stdout or "pytest" in done.stdout
             continue
+        if command.split()[0] == "chromium" and shutil.which("chromium") is None:
+            from ._backends import CI
+
+            message = "Chromium is not installed (apt-get install chromium)"
+            if CI:
+                pytest.fail(f"{command}: {message}, and CI is set")
+            pytest.skip(message)
         if '"$KEY"' in command:
             env["KEY"] = _an_effect_key(services)
         done = subprocess.run(

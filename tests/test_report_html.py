@@ -354,3 +354,19 @@ def test_bench_writes_its_report(tmp_path: Path, capsys: pytest.CaptureFixture[s
     parse(page)
     assert page.count('<g class="ratio">') == len(pairs)
     assert page.count('<g class="latency fencing">') == len(pairs)
+
+
+def test_race_page_packs_a_lane_of_many_one_job_workers_into_rows() -> None:
+    # RQ forks a process per job: a worker name per task. Twenty short tasks one after
+    # another on one key fit in one row; the page says so.
+    events = [
+        outcome("fencing", f"p{i}", "o-1", 0.05 + i * 0.5, i * 0.5, "committed", i + 1, i + 2)
+        for i in range(20)
+    ]
+    for i, ev in enumerate(events):
+        ev["applied_over"] = i + 1
+    page = race_html([view("naive", []), view("fencing", events)])
+    lane = page.split('data-lane="fencing"')[1]
+    assert "(20 workers in 1 row: hover a mark for its worker)" in lane
+    assert lane.count('<g class="mark committed">') == 20
+    assert "fencing-p0" not in lane and "p7: ship decided against v8" in lane

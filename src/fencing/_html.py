@@ -34,6 +34,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:22px 0 6px}
  color:#37414b;font-size:13px}
 .legend svg{vertical-align:middle}
 svg text{font-family:inherit}
+svg.chart{display:block;max-width:100%;height:auto}
 table{border-collapse:collapse;font-size:13px}
 td,th{padding:2px 8px;text-align:right}th{color:#5b6570;font-weight:600}
 td:first-child,th:first-child{text-align:left}
@@ -65,7 +66,8 @@ def page(title: str, body: str) -> str:
 
 
 def svg(width: float, height: float, content: str, label: str = "") -> str:
-    aria = f' role="img" aria-label="{esc(label)}"' if label else ""
+    """An inline SVG; one with a ``label`` is a chart: it shrinks to fit a narrow window."""
+    aria = f' class="chart" role="img" aria-label="{esc(label)}"' if label else ""
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{num(width)}" height="{num(height)}"'
         f' viewBox="0 0 {num(width)} {num(height)}"{aria}>{content}</svg>'

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_KEYS", "RunView", "race_html", "write_report"]
 
 MAX_KEYS: Final = 6  # timelines drawn; the keys with the most to see come first
+MAX_ROWS: Final = 16  # a row per worker up to this many workers in a lane
 
 WIDTH: Final = 1340
 GUTTER: Final = 118  # worker labels
@@ -184,10 +185,36 @@ def _draw_mark(mark: Mark, mode: str, x: float, y: float, xd: float | None) -> s
     return out + f'<g class="{css}">' + shape(kind, x, y, r, colour) + title + close(kind) + "</g>"
 
 
-def _lane(
-    run: RunView, key: tuple[str, str], top: float, scale: float, workers: list[str]
-) -> tuple[str, float]:
+def _rows(marks: Sequence[Mark], scale: float) -> tuple[list[str], list[int], str]:
+    """Row labels, each mark's row, and a note: a row per worker, or, when there are
+    more workers than ``MAX_ROWS`` (RQ forks a process per job), marks packed into as
+    few rows as keep them apart."""
+    workers = sorted({m.worker for m in marks}, key=_natural)
+    if len(workers) <= MAX_ROWS:
+        index = {w: i for i, w in enumerate(workers)}
+        return workers or ["-"], [index[m.worker] for m in marks], ""
+    gap = 14 / scale  # seconds that 14 pixels stand for
+    ends: list[float] = []
+    placed = [0] * len(marks)
+    for i in sorted(range(len(marks)), key=lambda i: _start(marks[i])):
+        start = _start(marks[i])
+        row = next((r for r, end in enumerate(ends) if end + gap <= start), len(ends))
+        if row == len(ends):
+            ends.append(0.0)
+        ends[row] = marks[i].t
+        placed[i] = row
+    rows = f"{len(ends)} row{'s' if len(ends) > 1 else ''}"
+    note = f" ({len(workers)} workers in {rows}: hover a mark for its worker)"
+    return [""] * len(ends), placed, note
+
+
+def _start(mark: Mark) -> float:
+    return mark.t if mark.decided is None else mark.decided
+
+
+def _lane(run: RunView, key: tuple[str, str], top: float, scale: float) -> tuple[str, float]:
     marks = run.marks.get(key, [])
+    workers, placed, note = _rows(marks, scale)
     height = LANE_HEAD + ROW * len(workers)
     tint = "#fdecea" if any(m.kinds for m in marks) else "#eef5ee"
     out = [
@@ -196,14 +223,14 @@ def _lane(
         f'<text x="6" y="{num(top + 14)}" font-size="13" font-weight="700">'
         f"{esc(TITLES.get(run.mode, run.mode))}</text>",
     ]
-    counts = _lane_counts(run, key)
+    counts = _lane_counts(run, key) + note
     out.append(
         f'<text x="{GUTTER + 110}" y="{num(top + 14)}" font-size="12" fill="#37414b">'
         f"{esc(counts)}</text>"
     )
-    rows = {w: top + LANE_HEAD + ROW * i + ROW / 2 for i, w in enumerate(workers)}
+    rows = [top + LANE_HEAD + ROW * i + ROW / 2 for i in range(len(workers))]
     for i, w in enumerate(workers):
-        y = rows[w]
+        y = rows[i]
         if i % 2:
             out.append(
                 f'<rect x="{GUTTER}" y="{num(y - ROW / 2)}" width="{WIDTH - GUTTER - RIGHT}"'
@@ -213,10 +240,12 @@ def _lane(
             f'<text x="{GUTTER - 8}" y="{num(y + 4)}" font-size="11" fill="#5b6570"'
             f' text-anchor="end">{esc(w)}</text>'
         )
-    for mark in sorted(marks, key=lambda m: (bool(m.kinds), m.t)):  # anomalies on top
+    order = sorted(range(len(marks)), key=lambda i: (bool(marks[i].kinds), marks[i].t))
+    for i in order:  # anomalies drawn last: on top
+        mark = marks[i]
         x = GUTTER + (mark.t - run.start) * scale
         xd = None if mark.decided is None else GUTTER + (mark.decided - run.start) * scale
-        out.append(_draw_mark(mark, run.mode, x, rows[mark.worker], xd))
+        out.append(_draw_mark(mark, run.mode, x, rows[placed[i]], xd))
     out.append("</g>")
     return "".join(out), height
 
@@ -261,8 +290,7 @@ def _timeline(runs: Sequence[RunView], key: tuple[str, str], seconds: float) -> 
     parts: list[str] = []
     top = 0.0
     for run in runs:
-        workers = sorted({m.worker for m in run.marks.get(key, [])}, key=_natural) or ["-"]
-        lane, height = _lane(run, key, top, scale, workers)
+        lane, height = _lane(run, key, top, scale)
         parts.append(lane)
         top += height + 6
     parts.append(_axis(top, seconds, scale))
