@@ -18,6 +18,8 @@ from fencing._demo.report import RunView, race_html
 from fencing._html import check_report_path, esc
 from fencing.testing import check_history, iter_file
 
+from ._backends import require_server
+
 HOSTILE = "</svg><script>alert('x')</script>&amp;\"<b>"
 T0 = 1_800_000_000.0
 
@@ -258,6 +260,36 @@ def test_demo_report_without_history_keeps_nothing(
     assert code == 0
     assert report.exists() and data["runs"]["naive"]["history"] == ""
     assert data["runs"]["fencing"]["history"] == ""
+
+
+@pytest.mark.slow
+def test_queue_demo_writes_its_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("rq")
+    require_server("Redis", "127.0.0.1", 6379)
+    report, history = tmp_path / "race.html", tmp_path / "history"
+    size = ["--queue", "rq", "--tasks", "40", "--workers", "3"]
+    code = main(["demo", "--json", *size, "--report", str(report), "--history", str(history)])
+    assert code == 0 and json.loads(capsys.readouterr().out)["ok"]
+    page = report.read_text(encoding="utf-8")
+    assert_self_contained(page)
+    parse(page)
+    assert "through rq" in page and 'id="verdict" data-ok="true"' in page
+    assert "naive read-modify-write: FAIL" in page and "fencing: PASS, no anomaly" in page
+    shown = int(re.findall(r"Showing (\d+) of", page)[0])
+    assert page.count('data-lane="naive"') == page.count('data-lane="fencing"') == shown >= 4
+    outcomes = [
+        ev
+        for mode in ("naive", "fencing")
+        for _, ev in iter_file(history / f"{mode}.jsonl")
+        if ev["event"] == "outcome"
+    ]
+    # the queue's workers record when each decision was taken, as the in-process ones do
+    assert outcomes and all(ev["decided_at"] <= ev["t"] for ev in outcomes)
+    assert page.count("<line ") >= len([e for e in outcomes if _shown(e, page)])
+
+
+def _shown(event: dict[str, Any], page: str) -> bool:
+    return f"<code>{esc(event['key'])}</code>" in page
 
 
 @pytest.mark.parametrize("command", ["demo", "bench"])
