@@ -302,6 +302,10 @@ def test_a_report_path_that_cannot_be_written_is_refused_first(
         err = capsys.readouterr().err
         assert "InvalidInput" in err and problem in err, err
     assert list(tmp_path.iterdir()) == []  # nothing written, nothing run
+    if command == "demo":  # the outbox race is not drawn: said, not silently skipped
+        report = tmp_path / "r.html"
+        assert main(["demo", "--queue", "rq", "--outbox", "--report", str(report)]) == 2
+        assert "--outbox race" in capsys.readouterr().err and not report.exists()
     with pytest.raises(Exception, match="needs a file name"):
         check_report_path("", "--report")
 

@@ -47,6 +47,11 @@ def validate(config: DemoConfig) -> None:
             " of another store's outbox): drop --store"
         )
     if config.report is not None:
+        if config.outbox:
+            raise InvalidInput(
+                "--report draws the race of naive and fencing writes; the --outbox race"
+                " (lost and doubled sends) has no report yet: drop one of them"
+            )
         check_report_path(config.report, "--report")
     shared = "--queue" if config.queue is not None else "--processes" if config.processes else ""
     if shared and config.store is not None:
