@@ -19,6 +19,7 @@ from ._backends import require_server
 
 GUARD = "table.commit, guard trigger"  # beside the same commit without the trigger
 USING = "table.commit in the caller's transaction"  # beside own connections, hand-written
+METRICS = "collection.commit, Prometheus metrics on"  # beside the same commit, metrics off
 SQLITE_OPERATIONS = {
     "collection.commit",
     "table.commit",
@@ -30,6 +31,7 @@ SQLITE_OPERATIONS = {
     "lease acquire",
     "lease renew",
     "lease release",
+    METRICS,
 }
 NUMBERS = [
     f"{side}_{what}"
@@ -75,6 +77,8 @@ def test_sqlite_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
         baselines = {"hand-written"}
         if row["operation"] == GUARD:
             baselines = {"no trigger"}
+        elif row["operation"] == METRICS:
+            baselines = {"metrics off"}
         elif row["operation"] == USING:
             baselines = {"fencing, own connections", "hand-written"}
         assert row["store"] == "sqlite" and row["baseline"] in baselines

@@ -29,7 +29,7 @@ PACKAGE = SRC / "fencing"
 
 # (layer, pattern of module names), first match wins; "fencing" alone is the api.
 LAYERS: list[tuple[int, str]] = [
-    (0, r"fencing\.(_errors|_flow|_runner|_types|_validate)"),
+    (0, r"fencing\.(_errors|_flow|_observe|_runner|_types|_validate)"),
     (
         1,
         r"fencing\.(_values|_rules|_effects|_outbox|_signing|_reconcile|_request|_url|_checks|_borrow)",

@@ -37,6 +37,7 @@ from ._errors import (
     WrongEventLoop,
 )
 from ._flow import Sleep, adrive
+from ._observe import HUB, LEVEL, log, now_ns
 from ._policy import (
     AcquireStep,
     CommitStep,
@@ -53,7 +54,7 @@ from ._policy import (
 )
 from ._request import LeaseAnswer, Target
 from ._runner import current_loop, maybe_await, sleep_async
-from ._storebase import StoreOptions, TargetBase
+from ._storebase import StoreOptions, TargetBase, lease_event
 from ._validate import check_column, check_name, check_table, mapped_table
 from ._values import Intent, Outcome, Record
 from .backends._contract import AsyncBackend
@@ -116,7 +117,10 @@ class _AsyncOps(TargetBase):
         """One atomic conditional write of ``state`` for ``intent``."""
         await self._ready()
         request = self._request(intent, state, lease)
+        started = now_ns() if HUB.on else 0
         outcome = self._outcome(await self._backend.commit(request), request.intent, lease)
+        if HUB.on or log.isEnabledFor(LEVEL[outcome.committed]):
+            self._report("commit", outcome, started, lease)
         if outcome.committed:
             return outcome
         return await self._settled(outcome)
@@ -138,9 +142,13 @@ class _AsyncOps(TargetBase):
         """Commit a batch in one transaction (one round trip); one outcome per item, in order."""
         await self._ready()
         requests = self._batch(items, lease)
+        started = now_ns() if HUB.on else 0
         results = await self._backend.commit_many(requests) if requests else []
         pairs = zip(results, requests, strict=True)
         outcomes = [self._outcome(res, req.intent, lease) for res, req in pairs]
+        for o in outcomes:
+            if HUB.on or log.isEnabledFor(LEVEL[o.committed]):
+                self._report("commit_many", o, started, lease)
         return [o if o.committed else await self._settled(o) for o in outcomes]
 
     async def apply(
@@ -159,6 +167,7 @@ class _AsyncOps(TargetBase):
         policy = check_policy(on_stale if on_stale is not None else Drop())
         await self._ready()
         probe = self._probe_request(intent, lease)
+        started = now_ns() if HUB.on else 0
 
         async def handle(step: Any) -> Any:
             if isinstance(step, ProbeStep):
@@ -176,7 +185,10 @@ class _AsyncOps(TargetBase):
                 return await maybe_await(handler(step.intent, step.record, step.effects))
             raise AssertionError(step)  # pragma: no cover
 
-        return self._seen(await adrive(apply_flow(probe.intent, policy), handle), lease)
+        outcome = self._seen(await adrive(apply_flow(probe.intent, policy), handle), lease)
+        if HUB.on or log.isEnabledFor(LEVEL[outcome.committed]):
+            self._report("apply", outcome, started, lease)
+        return outcome
 
     # -- effects ------------------------------------------------------------------
     async def effect(self, intent: Intent, name: str, *, detail: Any = None) -> Effect:
@@ -386,13 +398,21 @@ class AsyncStore:
         """Acquire a lease, waiting up to ``wait`` seconds; ``LeaseHeld`` if still held."""
         name, owner, ttl = check_lease_args(name, owner, ttl)
         wait = check_wait(wait)
+        started = now_ns() if HUB.on else 0
+        waits = 0
 
         async def handle(step: Any) -> Any:
+            nonlocal waits
             if isinstance(step, AcquireStep):
                 return await self._live().acquire(name, owner, ttl)
+            waits += 1
             return await sleep_async(step.seconds)
 
         answer: LeaseAnswer = await adrive(lease_wait_flow(wait), handle)
+        if HUB.on or log.isEnabledFor(LEVEL[True]):
+            token = answer.row.token if answer.granted and answer.row is not None else None
+            outcome = "acquired" if answer.granted else "held"
+            lease_event("lease.acquire", self, name, outcome, token, started, waits)
         if not answer.granted:
             raise held(name, answer)
         lease = AsyncLease(self, name, owner, ttl, answer)

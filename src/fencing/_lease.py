@@ -14,10 +14,11 @@ from typing import Any, Protocol
 
 from ._errors import LeaseHeld, LeaseLost
 from ._flow import Sleep, drive
+from ._observe import HUB, LEVEL, log, now_ns
 from ._policy import heartbeat_flow
 from ._request import LeaseAnswer
 from ._runner import Stopped, ThreadRunner, passthrough
-from ._storebase import LeaseBase
+from ._storebase import LeaseBase, lease_event
 from .backends._contract import Backend
 
 __all__ = ["Lease", "LeaseContext", "held"]
@@ -57,8 +58,14 @@ class Lease(LeaseBase):
 
     def renew(self, ttl: float | None = None) -> None:
         """Extend the lease by ``ttl`` (default: its TTL) from now, by the store's clock."""
-        answer = self.store._live().renew(self.name, self.token, self._renew_ttl(ttl))
-        if not self._after_renew(answer):
+        ttl = self._renew_ttl(ttl)
+        started = now_ns() if HUB.on else 0
+        answer = self.store._live().renew(self.name, self.token, ttl)
+        renewed = self._after_renew(answer)
+        if HUB.on or log.isEnabledFor(LEVEL[True]):
+            outcome = "renewed" if renewed else "lost"
+            lease_event("lease.renew", self.store, self.name, outcome, self.token, started)
+        if not renewed:
             raise LeaseLost(f"lease {self.name!r} token {self.token} is lost ({self.lost_reason})")
 
     def release(self) -> None:
@@ -66,8 +73,16 @@ class Lease(LeaseBase):
         self.stop_heartbeat()
         if self.released:
             return
-        if not self._after_release(self.store._live().release(self.name, self.token)):
+        if not self._release():
             raise LeaseLost(f"lease {self.name!r} token {self.token} was already lost")
+
+    def _release(self) -> bool:
+        started = now_ns() if HUB.on else 0
+        released = self._after_release(self.store._live().release(self.name, self.token))
+        if HUB.on or log.isEnabledFor(LEVEL[True]):
+            outcome = "released" if released else "lost"
+            lease_event("lease.release", self.store, self.name, outcome, self.token, started)
+        return released
 
     def start_heartbeat(
         self,
@@ -125,7 +140,7 @@ class Lease(LeaseBase):
         # Never raise over the body's own error; a lost lease shows as ``lease.lost``.
         self.stop_heartbeat()
         if not self.released:
-            self._after_release(self.store._live().release(self.name, self.token))
+            self._release()
 
 
 class LeaseContext:

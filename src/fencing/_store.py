@@ -35,6 +35,7 @@ from ._errors import (
 )
 from ._flow import Sleep, drive
 from ._lease import Lease, LeaseContext, held
+from ._observe import HUB, LEVEL, log, now_ns
 from ._outbox_front import Outbox
 from ._policy import (
     AcquireStep,
@@ -52,7 +53,7 @@ from ._policy import (
 )
 from ._request import LeaseAnswer, Target
 from ._runner import no_loop, passthrough, sleep_sync
-from ._storebase import StoreOptions, TargetBase
+from ._storebase import StoreOptions, TargetBase, lease_event
 from ._validate import check_column, check_name, check_table, mapped_table
 from ._values import Intent, Outcome, Record
 from .backends._contract import Backend
@@ -115,7 +116,10 @@ class _Ops(TargetBase):
         """One atomic conditional write of ``state`` for ``intent``."""
         self._ready()
         request = self._request(intent, state, lease)
+        started = now_ns() if HUB.on else 0
         outcome = self._outcome(self._backend.commit(request), request.intent, lease)
+        if HUB.on or log.isEnabledFor(LEVEL[outcome.committed]):
+            self._report("commit", outcome, started, lease)
         if outcome.committed:
             return outcome
         return self._settled(outcome)
@@ -137,9 +141,13 @@ class _Ops(TargetBase):
         """Commit a batch in one transaction (one round trip); one outcome per item, in order."""
         self._ready()
         requests = self._batch(items, lease)
+        started = now_ns() if HUB.on else 0
         results = self._backend.commit_many(requests) if requests else []
         pairs = zip(results, requests, strict=True)
         outcomes = [self._outcome(res, req.intent, lease) for res, req in pairs]
+        for o in outcomes:
+            if HUB.on or log.isEnabledFor(LEVEL[o.committed]):
+                self._report("commit_many", o, started, lease)
         return [o if o.committed else self._settled(o) for o in outcomes]
 
     def apply(
@@ -158,6 +166,7 @@ class _Ops(TargetBase):
         policy = check_policy(on_stale if on_stale is not None else Drop())
         self._ready()
         probe = self._probe_request(intent, lease)
+        started = now_ns() if HUB.on else 0
 
         def handle(step: Any) -> Any:
             if isinstance(step, ProbeStep):
@@ -175,7 +184,10 @@ class _Ops(TargetBase):
                 return passthrough(handler(step.intent, step.record, step.effects))
             raise AssertionError(step)  # pragma: no cover
 
-        return self._seen(drive(apply_flow(probe.intent, policy), handle), lease)
+        outcome = self._seen(drive(apply_flow(probe.intent, policy), handle), lease)
+        if HUB.on or log.isEnabledFor(LEVEL[outcome.committed]):
+            self._report("apply", outcome, started, lease)
+        return outcome
 
     # -- effects ------------------------------------------------------------------
     def effect(self, intent: Intent, name: str, *, detail: Any = None) -> Effect:
@@ -385,13 +397,21 @@ class Store:
         """Acquire a lease, waiting up to ``wait`` seconds; ``LeaseHeld`` if still held."""
         name, owner, ttl = check_lease_args(name, owner, ttl)
         wait = check_wait(wait)
+        started = now_ns() if HUB.on else 0
+        waits = 0
 
         def handle(step: Any) -> Any:
+            nonlocal waits
             if isinstance(step, AcquireStep):
                 return self._live().acquire(name, owner, ttl)
+            waits += 1
             return sleep_sync(step.seconds)
 
         answer: LeaseAnswer = drive(lease_wait_flow(wait), handle)
+        if HUB.on or log.isEnabledFor(LEVEL[True]):
+            token = answer.row.token if answer.granted and answer.row is not None else None
+            outcome = "acquired" if answer.granted else "held"
+            lease_event("lease.acquire", self, name, outcome, token, started, waits)
         if not answer.granted:
             raise held(name, answer)
         lease = Lease(self, name, owner, ttl, answer)

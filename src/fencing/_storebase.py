@@ -7,6 +7,7 @@ The checks of the public calls' arguments are in ``_checks``.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -28,6 +29,7 @@ from ._errors import (
     RecordNotFound,
     SchemaError,
 )
+from ._observe import HUB, Event, now_ns
 from ._request import CommitRequest, CommitResult, LeaseAnswer, Target, outcome_for
 from ._rules import LeaseRef, LeaseRow, check_ttl
 from ._types import column_value, state_size
@@ -37,7 +39,7 @@ from ._values import Fenced, Intent, Outcome, Record
 if TYPE_CHECKING:
     from ._values import Kind
 
-__all__ = ["LeaseBase", "StoreOptions", "TargetBase"]
+__all__ = ["LeaseBase", "StoreOptions", "TargetBase", "lease_event"]
 
 MAX_BATCH = 10_000
 MAX_EFFECTS = 10_000  # listed per intent
@@ -285,6 +287,29 @@ class TargetBase:
         checked = self._check_intent(intent)
         return EffectQuery(self.target.scope, checked.root_id, limit=MAX_EFFECTS)
 
+    def _report(self, op: str, outcome: Outcome, started: int, lease: object) -> None:
+        """Tell the observers (and the ``fencing`` logger) what ``op`` came to."""
+        intent = outcome.intent
+        current = outcome.current
+        seconds, wall = _timing(started)
+        event = Event(
+            op,
+            _scheme(self._store),
+            self.kind,
+            self.name,
+            outcome.kind,
+            key=None if intent is None else intent.key,
+            intent_id=None if intent is None else intent.id,
+            root_id=None if intent is None else intent.root_id,
+            expected_version=None if intent is None else intent.expected_version,
+            current_version=None if current is None else current.version,
+            token=lease.token if isinstance(lease, LeaseBase) else None,
+            trace=None if intent is None else intent.trace,
+            seconds=seconds,
+            started_ns=wall,
+        )
+        HUB.emit(event)
+
     @classmethod
     def _outcome(cls, result: CommitResult, intent: Intent, lease: object) -> Outcome:
         outcome = outcome_for(result, intent)
@@ -382,6 +407,40 @@ class LeaseBase:
         if interval is None:
             return self.ttl / 3.0
         return check_ttl(interval, "heartbeat interval")
+
+
+def _scheme(store: object) -> str:
+    return str(getattr(getattr(store, "backend", None), "scheme", "?"))
+
+
+def _timing(started: int) -> tuple[float | None, int | None]:
+    """An operation's seconds and wall-clock start, from its ``now_ns()`` start (0: not
+    timed, an observer was switched on meanwhile)."""
+    if not started:
+        return None, None
+    elapsed = now_ns() - started
+    return elapsed / 1e9, time.time_ns() - elapsed
+
+
+def lease_event(
+    op: str, store: object, name: str, outcome: str, token: int | None, started: int, waits: int = 0
+) -> None:
+    """Tell the observers what a lease operation came to."""
+    seconds, wall = _timing(started)
+    kind = "lease"
+    HUB.emit(
+        Event(
+            op,
+            _scheme(store),
+            kind,
+            name,
+            outcome,
+            token=token,
+            waits=waits,
+            seconds=seconds,
+            started_ns=wall,
+        )
+    )
 
 
 def _root(store: object) -> object:

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Final, Literal
 
 from ._errors import InvalidIdentifier, InvalidIntent, InvalidState
+from ._observe import HUB
 from ._types import decode_tagged, encode_tagged, has_extended
 from ._validate import check_guard, check_key, check_name
 
@@ -35,10 +36,13 @@ __all__ = [
 ]
 
 Kind = Literal["collection", "table"]
-#: The newest intent format: 2 adds tagged guard values (``_types``). An intent is written
-#: in the oldest format that holds it (1 unless its guard has a tagged value); 1 and 2 read.
-INTENT_FORMAT: Final = 2
-INTENT_FORMATS: Final = (1, 2)
+#: The newest intent format: 2 adds tagged guard values (``_types``), 3 the optional
+#: ``trace`` (a W3C traceparent: docs/observability.md). An intent is written in the oldest
+#: format that holds it (1 unless its guard has a tagged value, 3 only with a trace);
+#: 1, 2 and 3 read.
+INTENT_FORMAT: Final = 3
+INTENT_FORMATS: Final = (1, 2, 3)
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 MAX_INTENT_BYTES: Final = 64 * 1024
 MAX_VERSION: Final = 2**63 - 1
 _INTENT_ID = re.compile(r"[A-Za-z0-9_.:~\-]{1,128}")
@@ -53,6 +57,7 @@ _FIELDS: Final = frozenset(
         "transition",
         "guard",
         "decided_at",
+        "trace",
     }
 )
 
@@ -163,6 +168,8 @@ class Intent:
     guard: Mapping[str, Any] | None = None
     kind: Kind = "collection"
     decided_at: float = 0.0
+    #: the W3C traceparent of the span that decided it (``fencing.contrib.otel``), or None
+    trace: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Validate on every construction path, so no invalid intent ever exists.
@@ -185,6 +192,9 @@ class Intent:
             d = self.decided_at
             if isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d):
                 raise _fail(f"decided_at {d!r} must be a finite number")
+            t = self.trace
+            if t is not None and (not isinstance(t, str) or _TRACEPARENT.fullmatch(t) is None):
+                raise _fail("trace must be a W3C traceparent ('00-<32 hex>-<16 hex>-<2 hex>')")
         except (InvalidIdentifier, InvalidState) as exc:
             raise _fail(str(exc)) from exc
         if guard is not None:
@@ -215,6 +225,7 @@ class Intent:
             guard=guard,
             kind=kind,
             decided_at=time.time(),
+            trace=None if HUB.trace is None else HUB.trace(),
         )
 
     def derive(
@@ -241,6 +252,7 @@ class Intent:
             guard=guard,
             kind=self.kind,
             decided_at=self.decided_at,
+            trace=self.trace,
         )
 
     @property
@@ -251,11 +263,12 @@ class Intent:
 
     def to_dict(self) -> dict[str, Any]:
         """The intent as JSON values: format 1, or 2 when a guard value is tagged (a
-        ``Decimal``, ``datetime``, ``date``, ``time``, ``UUID`` or ``bytes``)."""
+        ``Decimal``, ``datetime``, ``date``, ``time``, ``UUID`` or ``bytes``), or 3 when
+        it carries a ``trace``."""
         guard = self.guard
         tagged = guard is not None and has_extended(guard)
-        return {
-            "v": 2 if tagged else 1,
+        data: dict[str, Any] = {
+            "v": 3 if self.trace is not None else 2 if tagged else 1,
             "id": self.id,
             "kind": self.kind,
             "collection": self.collection,
@@ -271,6 +284,9 @@ class Intent:
             ),
             "decided_at": self.decided_at,
         }
+        if self.trace is not None:
+            data["trace"] = self.trace
+        return data
 
     def to_json(self) -> str:
         """Compact, canonical JSON (sorted keys), safe to put in a task message."""
@@ -290,6 +306,8 @@ class Intent:
             raise _fail(
                 f"format version {data['v']!r} is not supported (this reads 1 to {INTENT_FORMAT})"
             )
+        if "trace" in data and data["v"] < 3:
+            raise _fail(f"field 'trace' needs format 3, not {data['v']}")
         guard = data.get("guard")
         if data["v"] >= 2 and isinstance(guard, dict):
             try:
@@ -305,6 +323,7 @@ class Intent:
             guard=guard,
             kind=data.get("kind", "collection"),
             decided_at=data.get("decided_at", 0.0),
+            trace=data.get("trace"),
         )
 
     @classmethod

@@ -21,7 +21,17 @@ from ._harness import Contest, Plan, Skip, measure, rows_for
 __all__ = ["OPERATIONS", "add_arguments", "run"]
 
 #: ``--only`` names, in the order contests run.
-OPERATIONS: Final = ("commit", "table", "guard", "using", "apply", "many", "fenced", "lease")
+OPERATIONS: Final = (
+    "commit",
+    "table",
+    "guard",
+    "using",
+    "apply",
+    "many",
+    "fenced",
+    "lease",
+    "metrics",
+)
 
 DEFAULT_SECONDS: Final = 5.0
 DEFAULT_ROUNDS: Final = 20

@@ -46,6 +46,9 @@ USING_OPERATION: Final = "table.commit in the caller's transaction"
 #: The ``guard`` contest's operation, and its baseline's label.
 GUARD_OPERATION: Final = "table.commit, guard trigger"
 NO_TRIGGER: Final = "no trigger"
+#: The ``metrics`` contest's operation, and its baseline's label.
+METRICS_OPERATION: Final = "collection.commit, Prometheus metrics on"
+METRICS_OFF: Final = "metrics off"
 
 K = TypeVar("K", str, int)
 Builder = Callable[[], Contest | Skip]
@@ -302,6 +305,7 @@ class Bench:
             ("many", self.commit_many),
             ("fenced", self.fenced),
             ("lease", self.lease_cycle),
+            ("metrics", self.metrics),
         ]
         if self.guard_trigger:
             found.insert(2, ("guard", self.guard))
@@ -394,6 +398,29 @@ class Bench:
         lease = f"bench-lease-{self.suffix}"
         sides = (self.ours.lease_cycle(lease), *self.hand.lease_cycle(lease))
         return Contest(("lease acquire", "lease renew", "lease release"), sides)
+
+    def metrics(self) -> Contest | Skip:
+        """collection.commit with ``fencing.contrib.prometheus`` enabled (into a registry of
+        its own) beside the same commit with nothing enabled, alternately in one run."""
+        try:
+            from prometheus_client import CollectorRegistry
+
+            from ..contrib import prometheus
+        except ImportError:
+            return Skip(METRICS_OPERATION, "prometheus_client is not installed (extra prometheus)")
+        keys = self._records("p")
+        half = len(keys) // 2  # the two sides never share a record
+        registry = CollectorRegistry()
+        on, off = self.ours.commit(keys[:half]), self.ours.commit(keys[half:])
+
+        def metrics_on(n: int) -> Block:
+            block = on.prepare(n)
+            prometheus.enable(registry)
+            return replace(block, close=lambda: prometheus.disable(registry))
+
+        ours = Side("fencing", "collection.commit(intent, state), metrics enabled", metrics_on)
+        theirs = replace(off, label=METRICS_OFF, method="the same commit, nothing enabled")
+        return Contest((METRICS_OPERATION,), (ours, theirs))
 
     def close(self) -> None:
         """Delete fencing's records, close the store, drop the rest, close the baseline."""
