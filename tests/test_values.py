@@ -246,7 +246,7 @@ def test_to_json_is_compact_canonical_and_versioned() -> None:
     assert " " not in text
     data = json.loads(text)
     # written in the oldest format that holds it: 1 unless a guard value is tagged
-    assert data["v"] == 1 and INTENT_FORMAT == 2
+    assert data["v"] == 1 and INTENT_FORMAT == 3
     assert list(data) == sorted(data)
     assert json.dumps(data, sort_keys=True, separators=(",", ":")) == text
 
@@ -268,7 +268,7 @@ def test_from_json_optional_fields_default() -> None:
     assert (intent.guard, intent.kind, intent.decided_at) == (None, "collection", 0.0)
 
 
-@pytest.mark.parametrize("v", [0, 3, -1, "1", True, 1.0, 2.0, None, [1]])
+@pytest.mark.parametrize("v", [0, 4, -1, "1", True, 1.0, 2.0, 3.0, None, [1]])
 def test_from_json_refuses_other_format_versions(v: object) -> None:
     with pytest.raises(InvalidIntent):
         Intent.from_json(payload(v=v))

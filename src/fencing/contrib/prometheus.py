@@ -58,13 +58,13 @@ class Metrics:
         self.outcomes = Counter(
             "fencing_outcomes",
             "Outcomes of commits and applies, by store, target and outcome kind",
-            ["store", "kind", "name", "operation", "outcome"],
+            ["store", "kind", "collection", "operation", "outcome"],
             registry=registry,
         )
         self.latency = Histogram(
             "fencing_operation_seconds",
             "Latency of commits, applies and lease operations, by store and target",
-            ["store", "kind", "name", "operation"],
+            ["store", "kind", "collection", "operation"],
             buckets=(*BUCKETS, *BUCKETS_MORE),
             registry=registry,
         )
@@ -83,7 +83,7 @@ class Metrics:
         self.fencings = Counter(
             "fencing_fenced_commits",
             "Commits refused because their lease lost to a newer owner or expired",
-            ["store", "kind", "name"],
+            ["store", "kind", "collection"],
             registry=registry,
         )
 
