@@ -8,6 +8,7 @@ redelivered (``acks_late`` and ``reject_on_worker_lost``, the integration's defa
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from typing import TYPE_CHECKING, Any, Final
@@ -127,3 +128,7 @@ class Sender:
 
 if _tasks.in_worker():
     app, _fenced, _naive = build(_tasks.settings())
+    if os.environ.get("FENCING_METRICS_PORT"):  # docs/observability.md: the demo's metrics
+        from ...contrib.prometheus import celery_metrics
+
+        celery_metrics(app, port=int(os.environ["FENCING_METRICS_PORT"]))
