@@ -19,13 +19,13 @@ pytest.importorskip("celery")
 pytest.importorskip("fencing.contrib.prometheus")
 
 # imported before PROMETHEUS_MULTIPROC_DIR is set: this process stays in ordinary mode
-from prometheus_client import CollectorRegistry  # noqa: E402
-from prometheus_client.multiprocess import MultiProcessCollector  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
 
-from fencing._cli import main  # noqa: E402
+from fencing._cli import main
 
-from ._backends import require_server  # noqa: E402
+from ._backends import require_server
 
 pytestmark = pytest.mark.slow
 
