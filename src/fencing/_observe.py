@@ -30,9 +30,9 @@ LEVEL: Final = (logging.INFO, logging.DEBUG)
 now_ns: Final = time.perf_counter_ns
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen init costs a setattr call per field
 class Event:
-    """One operation's answer.
+    """One operation's answer (read it, do not change it: every observer gets the same).
 
     ``op``: ``"commit"``, ``"commit_many"``, ``"apply"``, ``"lease.acquire"``,
     ``"lease.renew"`` or ``"lease.release"``. ``outcome``: an outcome's kind

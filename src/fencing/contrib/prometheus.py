@@ -86,20 +86,36 @@ class Metrics:
             ["store", "kind", "collection"],
             registry=registry,
         )
+        self._children: dict[tuple[str, ...], tuple[Any, Any, Any]] = {}
 
     def observe(self, event: Event) -> None:
+        # a label set's children are looked up once (``labels()`` checks and locks)
+        where = (event.store, event.kind, event.name, event.op, event.outcome)
+        children = self._children.get(where)
+        if children is None:
+            children = self._children[where] = self._make(event)
+        counter, timer, extra = children
+        counter.inc()
+        if extra is not None:
+            extra.inc(event.waits if event.kind == "lease" else 1)
+        if timer is not None and event.seconds is not None:
+            timer.observe(event.seconds)
+
+    def _make(self, event: Event) -> tuple[Any, Any, Any]:
+        timer = None
+        if event.op in TIMED:
+            timer = self.latency.labels(event.store, event.kind, event.name, event.op)
         if event.kind == "lease":
-            self.leases.labels(event.store, event.name, event.op, event.outcome).inc()
-            if event.waits:
-                self.waits.labels(event.store, event.name).inc(event.waits)
-        else:
-            self.outcomes.labels(event.store, event.kind, event.name, event.op, event.outcome).inc()
-            if event.outcome == "fenced":
-                self.fencings.labels(event.store, event.kind, event.name).inc()
-        if event.seconds is not None and event.op in TIMED:
-            self.latency.labels(event.store, event.kind, event.name, event.op).observe(
-                event.seconds
+            counter = self.leases.labels(event.store, event.name, event.op, event.outcome)
+            waits = (
+                self.waits.labels(event.store, event.name) if event.op == "lease.acquire" else None
             )
+            return counter, timer, waits
+        counter = self.outcomes.labels(event.store, event.kind, event.name, event.op, event.outcome)
+        fenced = None
+        if event.outcome == "fenced":
+            fenced = self.fencings.labels(event.store, event.kind, event.name)
+        return counter, timer, fenced
 
 
 _lock = threading.Lock()
@@ -210,6 +226,8 @@ def celery_metrics(app: Any, *, port: int | None = None, addr: str = "127.0.0.1"
     from celery import signals
 
     def on_init(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", app) is not app:
+            return  # the signal is global: another app's worker in this process
         if port is None:
             enable()
         else:
