@@ -3,6 +3,7 @@ queue on the local Redis: an RQ worker of ``rq_worker_class``, a Dramatiq worker
 ``dramatiq_middleware``, an arq worker with ``arq_startup``. Each serves the metrics on a
 port of its own, and a scrape of it shows the worker's commits counted. (Celery's
 ``celery_metrics`` runs under ``fencing demo --queue celery`` in tests/test_demo_metrics.py.)
+And a trace context that travels to a real arq worker in the intent of its message.
 """
 
 from __future__ import annotations
@@ -161,3 +162,63 @@ def test_arq_startup(tmp_path: Path) -> None:
 
     assert asyncio.run(scenario()) == {"committed": 1.0}
     assert started == ["mine"]
+
+
+def test_arq_worker_span_links_to_the_deciding_span(tmp_path: Path) -> None:
+    """The trace context travels in the queue message (the intent's JSON) to a real arq
+    worker, whose apply span links to the span the producer decided in."""
+    pytest.importorskip("arq")
+    otel = pytest.importorskip("fencing.contrib.otel")
+    from arq import create_pool
+    from arq.connections import RedisSettings
+    from arq.worker import Worker
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from fencing.contrib.arq import enqueue_intent, fenced_function
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("producer")
+    settings = RedisSettings.from_dsn(f"{REDIS}/14")
+    queue = f"obs-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> Any:
+        store = await fencing.open_async(f"sqlite:///{tmp_path / 'trace.db'}")
+        orders = store.collection("traced_orders")
+        record = await orders.create("o-1", {"status": "new"})
+        job = fenced_function(target=orders, name="obs_traced")(ship)
+        pool = await create_pool(settings)
+        try:
+            with tracer.start_as_current_span("decide") as decide:
+                await enqueue_intent(pool, job, record.intent("ship"), _queue_name=queue)
+            worker = Worker(
+                functions=[job],
+                redis_settings=settings,
+                queue_name=queue,
+                burst=True,
+                handle_signals=False,
+            )
+            try:
+                await worker.main()
+            finally:
+                await asyncio.gather(*worker.tasks.values())
+                await worker.pool.delete(worker.health_check_key)
+                await worker.pool.aclose(close_connection_pool=True)
+            return decide.get_span_context()
+        finally:
+            await pool.delete(queue)
+            await pool.aclose()
+            await store.close()
+
+    otel.enable(provider)
+    try:
+        decided = asyncio.run(scenario())
+    finally:
+        otel.disable()
+    (applied,) = [s for s in exporter.get_finished_spans() if s.name == "apply traced_orders"]
+    assert dict(applied.attributes or {})["fencing.outcome"] == "committed"
+    (link,) = applied.links
+    assert (link.context.trace_id, link.context.span_id) == (decided.trace_id, decided.span_id)
