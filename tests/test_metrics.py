@@ -153,6 +153,12 @@ def test_watch_reads_effects_to_reconcile_and_the_outbox(
     orders.commit(record.intent("first"), {"n": 1})
     assert orders.commit(late, {"n": 2}).kind == "stale"  # its effect needs reconciling
     assert value(registry, "fencing_effects_to_reconcile", store="shop") == 1
+    pytest.importorskip("rq")
+    from tests.contrib import rq_unit_jobs  # a fenced RQ job on a collection "orders"
+
+    store.outbox.send(rq_unit_jobs.ship, orders.get("o-1"), "ship")
+    assert value(registry, "fencing_outbox_pending", store="shop") == 1
+    assert value(registry, "fencing_outbox_oldest_age_seconds", store="shop") >= 0
     with pytest.raises(fencing.InvalidInput):
         prometheus.watch(object(), registry=registry)
     with pytest.raises(fencing.InvalidInput):
