@@ -19,8 +19,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
+import shutil
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +86,21 @@ def _run_threads(store: Any, path: Path, config: Config, threads: int = THREADS)
 
 
 def _verdict(report: LinReport, path: Path) -> None:
+    if report.ok is not True:
+        path = _keep(path)
     assert report.ok is True, f"{path}:\n{report.summary()}"
+
+
+def _keep(path: Path) -> Path:
+    """With ``FENCING_LIN_KEEP`` set to a directory, a failing history is copied there
+    (pytest removes old temporary directories; a loop of runs keeps only the failures)."""
+    keep = os.environ.get("FENCING_LIN_KEEP")
+    if not keep:
+        return path
+    Path(keep).mkdir(parents=True, exist_ok=True)
+    kept = Path(keep) / f"{path.parent.name}-{uuid.uuid4().hex[:8]}.jsonl"
+    shutil.copyfile(path, kept)
+    return kept
 
 
 def test_threads_churn_is_linearizable(backend_name: str, store_url: str, tmp_path: Path) -> None:
