@@ -1061,6 +1061,61 @@ def test_cluster_follows_a_moved_slot_to_a_node_without_scripts(
     assert orders.get("o-1").version == 4
 
 
+def _myid(node: Any) -> Any:
+    return node.execute_command("CLUSTER MYID")
+
+
+@pytest.mark.parametrize("redirect", ["moved", "ask"])
+def test_cluster_batch_item_redirected_is_sent_again_alone_and_lands_once(
+    curl: str, opener: Callable[..., Any], redirect: str
+) -> None:
+    """A batch (one pipeline per node, ``pipeline.send_once`` on the sync driver) whose
+    first item's slot moved to a primary without the scripts (MOVED): that item, refused
+    without running, is sent again alone, follows the redirection, has the scripts
+    reloaded (NOSCRIPT), and both items land once. Half-way through a move (ASK, then
+    TRYAGAIN: the script's keys are not all on one side) the item cannot run:
+    ``TransientStoreError``, and the retry after the move lands it, once."""
+    nodes = _nodes()
+    slot = key_slot("orders/o-1")
+    source = _owner(nodes, slot)
+    target = next(port for port in nodes if port != source)
+    other = next(  # a record served by a third primary
+        f"o-{i}"
+        for i in range(2, 1000)
+        if _owner(nodes, key_slot(f"orders/o-{i}")) not in (source, target)
+    )
+    store = opener(curl)
+    orders = store.collection("orders")
+    try:
+        for key in ("o-1", other):
+            orders.create(key, {"n": 0})
+        batch = [(orders.intent(key, "batch"), {"n": 1}) for key in ("o-1", other)]
+        if redirect == "moved":
+            _move_slot(nodes, slot, source, target)
+            nodes[target].script_flush()
+            assert [out.committed for out in orders.commit_many(batch)] == [True, True]
+        else:  # half-way: the record is on the target, the slot still the source's
+            src, dst = nodes[source], nodes[target]
+            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", _myid(src))
+            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", _myid(dst))
+            keys = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 100)
+            src.execute_command("MIGRATE", HOST, target, "", 0, 5000, "KEYS", *keys)
+            nodes[target].script_flush()
+            with pytest.raises(TransientStoreError):
+                orders.commit_many(batch)
+            _move_slot(nodes, slot, source, target)  # the move ends
+            outcomes = orders.commit_many(batch)
+            assert [type(out) for out in outcomes] == [Committed, Duplicate]
+        again = orders.commit_many(batch)
+        assert [type(out) for out in again] == [Duplicate, Duplicate]
+        assert [out.record.version for out in again] == [2, 2]
+        assert _owner(nodes, slot) == target
+    finally:
+        _move_slot(nodes, slot, target, source)
+        _close_all(nodes)
+    assert [orders.get(key).state for key in ("o-1", other)] == [{"n": 1}] * 2
+
+
 def test_cluster_lost_connection_is_transient_never_resent(
     curl: str, opener: Callable[..., Any]
 ) -> None:

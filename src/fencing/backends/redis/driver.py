@@ -3,11 +3,13 @@
 redis-py client; what they share (their state, the error boundary, the Cluster's node
 targets, the hot path's decisions) is ``_RedisDriver``.
 
-redis-py's retries are off (``connection``): a step is sent once. A redis-py error is
-translated (``errors.translate``) before it leaves ``_run``, and is thrown back into the
-flow at that step, like any ``FencingError``; no Redis flow catches one: fencing never
-re-sends a command that may have run. Only a script the server reports it does not know
-(NOSCRIPT: nothing ran) is loaded and sent again, by the flow (``scripts.run_calls``).
+redis-py's retries are off (``connection``): a step is sent once (on a Cluster, the sync
+driver pipelines itself, ``pipeline.send_once``: redis-py's sync Cluster pipeline re-sends).
+A redis-py error is translated (``errors.translate``) before it leaves ``_run``, and is
+thrown back into the flow at that step, like any ``FencingError``; no Redis flow catches
+one: fencing never re-sends a command that may have run. Only a script the server
+reports it does not know (NOSCRIPT: nothing ran) is loaded and sent again, by the flow
+(``scripts.run_calls``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .._contract import Flows
 from .connection import revive
 from .errors import driver_errors, dropped_under_us, lost_connection, translate
 from .flows import RedisFlows
+from .pipeline import first_key, send_once
 from .replies import commit_result, scan_reply
 from .scripts import SCRIPTS, Call, judge_call, run_call
 from .settings import Settings
@@ -135,6 +138,9 @@ class RedisBackend(_RedisDriver, FlowBackend):
                     return [self._command(step.commands[0])]
                 except self._response_error as exc:
                     return [exc]
+            if self.layout.cluster:
+                self._revive()
+                return send_once(client, step.commands)  # never redis-py's re-sending pipeline
             with client.pipeline(transaction=False) as pipe:
                 for command in step.commands:
                     pipe.execute_command(*command)
@@ -201,7 +207,7 @@ class AsyncRedisBackend(_RedisDriver, AsyncFlowBackend):
         # at all): name the node of the command's first key; MOVED and ASK are followed.
         self._revive()
         await client.initialize()
-        node = client.get_node_from_key(_first_key(command))
+        node = client.get_node_from_key(first_key(command))
         return await client.execute_command(*command, target_nodes=node)
 
     async def _carry_out(self, step: Step) -> object:
@@ -260,10 +266,3 @@ class AsyncRedisBackend(_RedisDriver, AsyncFlowBackend):
 
     async def close(self) -> None:
         await self.client.aclose()  # redis-py >= 5.0.1
-
-
-def _first_key(command: Command) -> str:
-    """The first key of a command fencing sends (a script call, HMGET or SMEMBERS)."""
-    if str(command[0]).upper() == "EVALSHA":
-        return str(command[3])
-    return str(command[1])
