@@ -1154,6 +1154,63 @@ def test_cluster_lost_connection_is_transient_never_resent(
     assert lease is not None and lease.token == 1  # the lost acquire never ran
 
 
+def test_cluster_batch_item_redirected_then_lost_is_transient_never_resent(
+    curl: str, opener: Callable[..., Any]
+) -> None:
+    """A batch item refused with MOVED (its slot moved meanwhile) is sent again alone to
+    the slot's new primary; that connection dies while the node is paused, before the
+    commit ran: ``TransientStoreError``, and the commit never runs. (The asyncio Cluster
+    pipeline followed the redirection with a client call that retries after a lost
+    connection: it sent the commit again, which then ran.)"""
+    name = f"fencing-kill-{uuid.uuid4().hex[:8]}"
+    store = opener(f"{curl}&client_name={name}")
+    orders = store.collection("orders")
+    nodes = _nodes()
+    slot = key_slot("orders/o-1")
+    source = _owner(nodes, slot)
+    other = next(  # a record on another primary
+        f"o-{i}" for i in range(2, 1000) if _owner(nodes, key_slot(f"orders/o-{i}")) != source
+    )
+    third = _owner(nodes, key_slot(f"orders/{other}"))
+    target = next(port for port in nodes if port not in (source, third))  # holds none of it
+    killed: list[int] = []
+
+    def killer() -> None:
+        node = nodes[target]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not killed:
+            for client in node.client_list():
+                # flag b: held by the pause, with its command read but not run
+                if client.get("name") == name and "b" in client.get("flags", ""):
+                    killed.append(node.client_kill_filter(_id=client["id"]))
+            time.sleep(0.005)
+        node.execute_command("CLIENT UNPAUSE")
+
+    try:
+        for key in ("o-1", other):
+            orders.create(key, {"n": 0})
+        batch = [(orders.intent(key, "batch"), {"n": 1}) for key in ("o-1", other)]
+        _move_slot(nodes, slot, source, target)
+        nodes[target].execute_command("CLIENT PAUSE", 20000, "WRITE")
+        thread = threading.Thread(target=killer)
+        thread.start()
+        try:
+            with pytest.raises(TransientStoreError):
+                orders.commit_many(batch)
+        finally:
+            thread.join()
+            nodes[target].execute_command("CLIENT UNPAUSE")
+        assert killed, "the redirected commit was never seen waiting"
+        time.sleep(0.2)  # a commit sent again would have run by now
+        assert orders.get("o-1").version == 1  # the lost commit never ran
+        assert orders.get(other).version == 2
+        retried = orders.commit_many(batch)
+        assert [type(out) for out in retried] == [Committed, Duplicate]
+    finally:
+        _move_slot(nodes, slot, target, source)
+        _close_all(nodes)
+
+
 def test_cluster_migrate_checks_every_primary(curl: str) -> None:
     nodes = _nodes()
     last = nodes[max(nodes)]

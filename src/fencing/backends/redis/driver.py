@@ -4,7 +4,8 @@ redis-py client; what they share (their state, the error boundary, the Cluster's
 targets, the hot path's decisions) is ``_RedisDriver``.
 
 redis-py's retries are off (``connection``): a step is sent once (on a Cluster, the sync
-driver pipelines itself, ``pipeline.send_once``: redis-py's sync Cluster pipeline re-sends).
+driver pipelines itself, ``pipeline.send_once``, and the asyncio one follows its pipeline's
+redirections itself, ``_send_cluster``: redis-py's would send a command again).
 A redis-py error is translated (``errors.translate``) before it leaves ``_run``, and is
 thrown back into the flow at that step, like any ``FencingError``; no Redis flow catches
 one: fencing never re-sends a command that may have run. Only a script the server
@@ -61,6 +62,7 @@ class _RedisDriver:
         self._errors = errors.errors
         self._response_error = errors.response
         self._no_script = errors.no_script
+        self._refused = errors.refused
         # what _run catches: redis-py's errors, and what may be a lost connection in
         # disguise (see errors.dropped_under_us)
         self._caught: tuple[type[BaseException], ...] = (
@@ -220,6 +222,8 @@ class AsyncRedisBackend(_RedisDriver, AsyncFlowBackend):
                     return [await self._command(step.commands[0])]
                 except self._response_error as exc:
                     return [exc]
+            if self.layout.cluster:
+                return await self._send_cluster(step.commands)
             async with client.pipeline(transaction=False) as pipe:
                 for command in step.commands:
                     pipe.execute_command(*command)
@@ -235,6 +239,25 @@ class AsyncRedisBackend(_RedisDriver, AsyncFlowBackend):
             return [[await client.execute_command(*c, **t) for c in step.commands] for t in targets]
         cursor, keys = await client.scan(step.state[1], **self._scan_options(step, targets))
         return scan_reply(step.state, len(targets), cursor, keys)
+
+    async def _send_cluster(self, commands: tuple[Command, ...]) -> list[object]:
+        """redis-py's asyncio Cluster pipeline, one attempt (``connection.connect``), told
+        not to follow redirections: it would follow them with a client call that sends a
+        command again after a lost connection. A command a node refused without running
+        it (``refused``) is sent again here, alone, by ``_command`` (its node named: sent
+        once), which follows the redirection."""
+        client: Any = self.client  # see RedisBackend._command
+        async with client.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            replies = list(await pipe.execute(raise_on_error=False, allow_redirections=False))
+        for i, reply in enumerate(replies):
+            if isinstance(reply, self._refused):
+                try:
+                    replies[i] = await self._command(commands[i])
+                except self._response_error as exc:
+                    replies[i] = exc
+        return replies
 
     # the hot path (see _RedisDriver): one script call, sent straight
     async def commit(self, request: CommitRequest) -> CommitResult:

@@ -42,6 +42,9 @@ class DriverErrors:
     no_script: type[BaseException]
     response: type[BaseException]
     errors: tuple[type[BaseException], ...]
+    #: error replies of a Cluster node that refused a command without running it
+    #: (MOVED, ASK: a redirection; TRYAGAIN: its keys are mid-migration)
+    refused: tuple[type[BaseException], ...]
 
 
 @functools.cache
@@ -49,7 +52,10 @@ def driver_errors() -> DriverErrors:
     from redis import exceptions as rx
 
     return DriverErrors(
-        rx.NoScriptError, rx.ResponseError, (rx.RedisError, rx.RedisClusterException)
+        rx.NoScriptError,
+        rx.ResponseError,
+        (rx.RedisError, rx.RedisClusterException),
+        (rx.AskError, rx.TryAgainError),  # MovedError is an AskError
     )
 
 

@@ -13,8 +13,9 @@ answered (``TransientStoreError`` for the caller: the outcome is unknown); the r
 already read stay. Only a command the server refused without running it (MOVED, ASK,
 TRYAGAIN) is sent again, alone, through the client, which follows the redirection.
 
-The asyncio Cluster pipeline does not re-send after a lost connection (it is made with
-one attempt, ``connection.connect``): ``AsyncRedisBackend`` keeps it.
+The asyncio Cluster pipeline makes one attempt (``connection.connect``) and keeps the
+replies already read; it is kept, told not to follow redirections (it follows them with a
+client call that re-sends after a lost connection): ``AsyncRedisBackend._send_cluster``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
+from .errors import driver_errors
 from .steps import Command
 
 __all__ = ["first_key", "send_once"]
@@ -38,9 +40,11 @@ def first_key(command: Command) -> str:
 def send_once(client: Any, commands: Sequence[Command]) -> list[object]:
     """Send ``commands`` on a sync ``RedisCluster`` in one round trip per node, all
     nodes at once; the replies in order, error replies and lost connections as values."""
-    from redis.exceptions import AskError, ResponseError, TryAgainError
     from redis.exceptions import ConnectionError as Lost
+    from redis.exceptions import ResponseError
     from redis.exceptions import TimeoutError as TimedOut
+
+    refused = driver_errors().refused
 
     by_node: dict[str, tuple[Any, list[int]]] = {}
     for i, command in enumerate(commands):
@@ -83,8 +87,7 @@ def send_once(client: Any, commands: Sequence[Command]) -> list[object]:
         for redis_node, connection, _ in held:
             redis_node.connection_pool.release(connection)
     for i, reply in enumerate(replies):
-        # refused before running (MovedError is an AskError): follow it, once
-        if isinstance(reply, AskError | TryAgainError):
+        if isinstance(reply, refused):  # it did not run: follow the redirection, once
             try:
                 replies[i] = client.execute_command(*commands[i])
             except ResponseError as exc:
