@@ -47,6 +47,53 @@ class E2EFailure(AssertionError):
     pass
 
 
+#: The stores a harness runs on: SQLite (a file of the test's own), and the server
+#: cases of ``tests/backends_postgres.py`` and ``tests/backends_mysql.py`` (a fresh
+#: schema / database per harness, dropped after; skipped without the server, failed
+#: under ``CI``).
+STORES = ("sqlite", "postgresql", "mysql")
+
+
+def store_for(store: str, root: Path) -> tuple[str, Callable[[], None] | None]:
+    """A fresh store's URL on ``store`` and what removes it afterwards."""
+    if store == "sqlite":
+        return f"sqlite:///{root / 'store.sqlite'}", None
+    if store not in STORES:
+        raise ValueError(f"unknown store {store!r}")
+    import pytest
+
+    from .._backends import CASES
+
+    _register(store)
+    case = CASES.get(store)
+    if case is None:
+        pytest.skip(f"the {store} test case is not registered (driver not installed)")
+    url = case.url(root)
+    cleanup = case.cleanup
+    return url, (None if cleanup is None else lambda: cleanup(url))
+
+
+def _register(store: str) -> None:
+    """Import the server case's module (a subprocess has no conftest to do it)."""
+    if store == "postgresql":
+        from .. import backends_postgres  # noqa: F401
+    elif store == "mysql":
+        from .. import backends_mysql  # noqa: F401
+
+
+def business_connection(url: str) -> Any:
+    """A driver connection to a store's database as an application opens one
+    (``sqlite3``, psycopg with the store's schema first on the search path, PyMySQL),
+    not in autocommit mode: the business transaction is the caller's."""
+    from .._lenders import LENDERS
+
+    if url.startswith("sqlite:"):
+        return LENDERS["sqlite-file"].connect(url)
+    store = "postgresql" if url.startswith("postgresql") else "mysql"
+    _register(store)
+    return LENDERS[store].connect(url)
+
+
 def redis_url(queue: str) -> str:
     return f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB[queue]}"
 
@@ -141,13 +188,14 @@ class Harness:
     #: survives) or only once the killed worker is started again (Dramatiq, arq).
     restart_after_kill = False
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, store: str = "sqlite") -> None:
         self.run = uuid.uuid4().hex[:10]
         self.root = root
         self.control = root / "control"
         self.control.mkdir(parents=True, exist_ok=True)
-        self.store_path = root / "store.sqlite"
-        self.store_url = f"sqlite:///{self.store_path}"
+        self.store_kind = store
+        self.store_path = root / "store.sqlite"  # the SQLite store's file (sqlite only)
+        self.store_url, self._store_cleanup = store_for(store, root)
         self.queue = f"fencing_e2e_{self.queue_kind}_{self.run}"
         self.prefix = f"fencing-e2e-{self.run}"
         self.workers: list[Worker] = []
@@ -158,7 +206,12 @@ class Harness:
 
     @property
     def name(self) -> str:
-        return f"{self.queue_kind}-{self.broker_kind}"
+        return f"{self.queue_kind}-{self.broker_kind}-{self.store_kind}"
+
+    def connect(self) -> Any:
+        """A connection to the store's database as the application opens one (its own
+        transaction, not autocommit): what ``store.using(conn)`` is given."""
+        return business_connection(self.store_url)
 
     @property
     def broker_url(self) -> str:
@@ -232,6 +285,8 @@ class Harness:
         self.writer.close()
         with contextlib.suppress(Exception):
             self.cleanup_broker()
+        if self._store_cleanup is not None:
+            self._store_cleanup()
 
     def cleanup_broker(self) -> None:
         pass
@@ -363,9 +418,9 @@ def _amqp_delete(queues: list[str], exchanges: list[str]) -> None:
 class CeleryHarness(Harness):
     queue_kind = "celery"
 
-    def __init__(self, root: Path, broker_kind: str) -> None:
+    def __init__(self, root: Path, broker_kind: str, *, store: str = "sqlite") -> None:
         self.broker_kind = broker_kind
-        super().__init__(root)
+        super().__init__(root, store=store)
         from .apps.celery_app import build
 
         self.tasks = build(self.broker_url, self.queue, self.prefix)
@@ -419,8 +474,8 @@ class RQHarness(Harness):
     queue_kind = "rq"
     broker_kind = "redis"
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
+    def __init__(self, root: Path, *, store: str = "sqlite") -> None:
+        super().__init__(root, store=store)
         from rq import Queue
 
         from .apps import rq_app
@@ -504,9 +559,9 @@ class DramatiqHarness(Harness):
     queue_kind = "dramatiq"
     restart_after_kill = True
 
-    def __init__(self, root: Path, broker_kind: str) -> None:
+    def __init__(self, root: Path, broker_kind: str, *, store: str = "sqlite") -> None:
         self.broker_kind = broker_kind
-        super().__init__(root)
+        super().__init__(root, store=store)
         from .apps.dramatiq_app import build, make_broker
 
         self.broker = make_broker(self.broker_url, self.prefix)
@@ -567,8 +622,8 @@ class ArqHarness(Harness):
     broker_kind = "redis"
     restart_after_kill = True
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
+    def __init__(self, root: Path, *, store: str = "sqlite") -> None:
+        super().__init__(root, store=store)
         from arq import create_pool
 
         from .apps import arq_app
@@ -634,11 +689,12 @@ class ArqHarness(Harness):
         _redis_delete(self.broker_url, [f"*{self.queue}*", f"*{self.prefix}*"])
 
 
-HARNESSES: dict[str, Callable[[Path], Harness]] = {
-    "celery-redis": lambda root: CeleryHarness(root, "redis"),
-    "celery-rabbitmq": lambda root: CeleryHarness(root, "rabbitmq"),
+#: ``HARNESSES[name](root, store="sqlite")``: a harness on a store of ``STORES``.
+HARNESSES: dict[str, Callable[..., Harness]] = {
+    "celery-redis": lambda root, **kw: CeleryHarness(root, "redis", **kw),
+    "celery-rabbitmq": lambda root, **kw: CeleryHarness(root, "rabbitmq", **kw),
     "rq-redis": RQHarness,
-    "dramatiq-redis": lambda root: DramatiqHarness(root, "redis"),
-    "dramatiq-rabbitmq": lambda root: DramatiqHarness(root, "rabbitmq"),
+    "dramatiq-redis": lambda root, **kw: DramatiqHarness(root, "redis", **kw),
+    "dramatiq-rabbitmq": lambda root, **kw: DramatiqHarness(root, "rabbitmq", **kw),
     "arq-redis": ArqHarness,
 }

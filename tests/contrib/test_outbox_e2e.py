@@ -1,9 +1,11 @@
 """The transactional outbox end to end: real brokers, real worker processes, real relays.
 
 For every queue and broker of ``tests/contrib/_e2e.py`` (Celery on Redis and RabbitMQ,
-RQ, Dramatiq on Redis and RabbitMQ, arq) against a SQLite store file:
+RQ, Dramatiq on Redis and RabbitMQ, arq), each against a SQLite store file, a
+PostgreSQL schema and a MariaDB database of its own (``_e2e.STORES``):
 
-- a business transaction on the caller's own ``sqlite3`` connection sends through
+- a business transaction on the caller's own connection (``sqlite3``, psycopg,
+  PyMySQL) sends through
   ``store.using(conn).outbox``: rolled back, it leaves no row and nothing is sent;
   committed, ``fencing relay --once`` (the CLI, a separate process) publishes it and
   the worker commits it;
@@ -17,7 +19,6 @@ RQ, Dramatiq on Redis and RabbitMQ, arq) against a SQLite store file:
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 import time
@@ -30,21 +31,33 @@ import pytest
 from fencing.contrib.relay import OutboxRow
 
 from .._backends import require_server
-from ._e2e import AMQP_HOST, AMQP_PORT, HARNESSES, REDIS_HOST, REDIS_PORT, REPO, Harness, kill
+from ._e2e import (
+    AMQP_HOST,
+    AMQP_PORT,
+    HARNESSES,
+    REDIS_HOST,
+    REDIS_PORT,
+    REPO,
+    STORES,
+    Harness,
+    kill,
+)
 
 pytestmark = pytest.mark.slow
 
+CASES = [(name, store) for store in STORES for name in HARNESSES]
 
-@pytest.fixture(scope="module", params=list(HARNESSES))
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{n}-{s}" for n, s in CASES])
 def harness(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Harness]:
-    name: str = request.param
+    name, store = request.param
     pytest.importorskip(name.split("-")[0])
     require_server("Redis", REDIS_HOST, REDIS_PORT)
     if name.endswith("rabbitmq"):
         require_server("RabbitMQ", AMQP_HOST, AMQP_PORT)
-    h = HARNESSES[name](tmp_path_factory.mktemp(f"outbox-{name}"))
+    h = HARNESSES[name](tmp_path_factory.mktemp(f"outbox-{name}-{store}"), store=store)
     try:
         h.start()
         yield h
@@ -94,13 +107,15 @@ def drain(h: Harness, timeout: float = 30.0) -> None:
 
 def business(h: Harness, key: str, *, commit: bool) -> OutboxRow:
     """The application's transaction: its own write and the outbox row, on its own
-    ``sqlite3`` connection."""
-    conn = sqlite3.connect(h.store_path, timeout=30)
+    connection (``sqlite3``, psycopg or PyMySQL)."""
+    conn = h.connect()
     try:
         record = h.orders.get(key)
         assert record is not None
-        conn.execute("CREATE TABLE IF NOT EXISTS audit (key TEXT, what TEXT)")
-        conn.execute("INSERT INTO audit VALUES (?, 'ship requested')", (key,))
+        mark = "?" if h.store_kind == "sqlite" else "%s"
+        cur = conn.cursor()
+        cur.execute("CREATE TABLE IF NOT EXISTS audit (record_key VARCHAR(64), what TEXT)")
+        cur.execute(f"INSERT INTO audit VALUES ({mark}, 'ship requested')", (key,))
         row = h.store.using(conn).outbox.send(task_of(h), record, "ship", **send_options(h))
         if commit:
             conn.commit()
@@ -159,9 +174,10 @@ def test_business_process_killed_after_commit_loses_nothing(
 
 #: The business process of the test above: commit, then die before any publish.
 _BUSINESS = """
-import json, os, signal, sqlite3, sys
+import json, os, signal, sys
 
 import fencing
+from tests.contrib._e2e import business_connection
 from tests.contrib.apps import _shared
 
 kind = {kind!r}
@@ -179,7 +195,7 @@ else:
     from tests.contrib.apps import arq_app as app
     task = app.mark
 store = fencing.open(_shared.store_url())
-conn = sqlite3.connect(_shared.store_url().removeprefix("sqlite:///"), timeout=30)
+conn = business_connection(_shared.store_url())  # sqlite3, psycopg or PyMySQL
 record = store.collection("orders").get(key)
 store.using(conn).outbox.send(task, record, "ship", **options)
 conn.commit()
