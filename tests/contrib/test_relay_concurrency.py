@@ -1,16 +1,26 @@
-"""Relays at scale and through a broker outage, on real Redis with Celery's own client.
+"""Relays at scale and through a broker outage, with Celery's own client, on every store.
 
-- Two and four relay processes (``fencing relay``, in loop mode) drain 10,000 rows of
-  200 keys written in one business transaction: the broker's queue then holds every row
-  exactly once (no relay crashed), and each key's rows in the order they were written.
-  What the broker received is read back from the queue's Redis list itself (Celery's
-  Redis transport pushes on the left: the list reversed is the publish order), not
-  from the relays' own accounts.
+Each scenario runs against a SQLite store file, a PostgreSQL schema and a MariaDB
+database of its own (``_e2e.STORES``); the business transaction that writes the rows
+runs on the caller's own connection (``sqlite3``, psycopg, PyMySQL).
+
+- Two and four relay processes (``fencing relay``, in loop mode; on PostgreSQL with the
+  ``LISTEN`` waker) drain 10,000 rows of 200 keys written in one business transaction:
+  the broker's queue then holds every row exactly once (no relay crashed), and each
+  key's rows in the order they were written. What the broker received is read back
+  from the queue's Redis list itself (Celery's Redis transport pushes on the left: the
+  list reversed is the publish order), not from the relays' own accounts.
 - A relay publishing to a private Redis server (started by the test, on its own port,
   with an fsync'd append-only file) that is shut down for 10 s mid-drain, rows written
   meanwhile, then started again: the relay backs off while it is down and every row
   reaches the broker, each key's rows in order (a publish whose answer was lost may
   arrive twice: at least once; the worker's ``Duplicate`` takes care of that).
+- The same on RabbitMQ: the relay reaches the machine's shared RabbitMQ through a TCP
+  proxy of the test's own (``_proxy.TcpProxy``), which is cut for 10 s (open
+  connections dropped, new ones refused), then restored; what the queue received is
+  read back with pika. The Celery app publishes with confirms (``confirm_publish``):
+  without them a message the connection drops after ``send_task`` returned is lost
+  while the relay marks its row sent.
 """
 
 from __future__ import annotations
@@ -22,7 +32,6 @@ import os
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -39,7 +48,19 @@ import fencing
 from fencing.contrib.relay import Backoff, OutboxRow, Relay
 
 from .._backends import CI, require_server
-from ._e2e import REDIS_HOST, REDIS_PORT, REPO, redis_url
+from ._e2e import (
+    AMQP_HOST,
+    AMQP_PORT,
+    REDIS_HOST,
+    REDIS_PORT,
+    REPO,
+    STORES,
+    _amqp_delete,
+    business_connection,
+    redis_url,
+    store_for,
+)
+from ._proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("celery")
@@ -52,12 +73,37 @@ def _queue_messages(client: redis.Redis, key: str) -> list[int]:
     ids = []
     for raw in reversed(client.lrange(key, 0, -1)):
         message = json.loads(raw)
-        task_id = message["headers"]["id"]
-        assert task_id.startswith("fencing-outbox-"), task_id
-        ids.append(int(task_id.split("-")[2]))
+        ids.append(_row_id(message["headers"]["id"]))
         body = json.loads(base64.b64decode(message["body"]))
         assert isinstance(body[0][0], str)  # the payload, the one argument
     return ids
+
+
+def _row_id(task_id: str) -> int:
+    assert task_id.startswith("fencing-outbox-"), task_id
+    return int(task_id.split("-")[2])
+
+
+def _amqp_messages(queue: str) -> list[int]:
+    """The row ids of the Celery messages in a RabbitMQ queue, in the order published
+    (taken off the queue)."""
+    import pika
+
+    params = pika.ConnectionParameters(
+        host=AMQP_HOST, port=AMQP_PORT, credentials=pika.PlainCredentials("guest", "guest")
+    )
+    connection = pika.BlockingConnection(params)
+    ids = []
+    try:
+        channel = connection.channel()
+        while True:
+            method, properties, body = channel.basic_get(queue=queue, auto_ack=True)
+            if method is None:
+                return ids
+            ids.append(_row_id(properties.headers["id"]))
+            assert isinstance(json.loads(body)[0][0], str)
+    finally:
+        connection.close()
 
 
 def _check_order(received: list[int], rows: dict[int, OutboxRow]) -> None:
@@ -73,19 +119,34 @@ def _check_order(received: list[int], rows: dict[int, OutboxRow]) -> None:
         last[key] = rid
 
 
+def _handles_sigterm(pid: int) -> bool:
+    """Has the process installed its own SIGTERM handling (caught or blocked)? Before
+    that, SIGTERM kills it outright (exit -15, nothing logged): a relay still importing
+    when the test stops the relays is not a relay that failed."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True  # gone: nothing left to wait for
+    masks = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    bit = 1 << (signal.SIGTERM - 1)
+    return bool((int(masks["SigCgt"], 16) | int(masks["SigBlk"], 16)) & bit)
+
+
 class Setup:
-    def __init__(self, root: Path, broker: str) -> None:
+    def __init__(self, root: Path, broker: str, store: str) -> None:
         self.run = uuid.uuid4().hex[:10]
         self.root = root
         self.queue = f"fencing_relay_{self.run}"
         self.prefix = f"fencing-relay-{self.run}"
         self.broker = broker
-        self.store_url = f"sqlite:///{root / 'store.sqlite'}"
+        self.store_url, self._cleanup = store_for(store, root)
         self.store = fencing.open(self.store_url)
         self.orders = self.store.collection("orders")
         from .apps.celery_app import build
 
         self.tasks = build(broker, self.queue, self.prefix)
+        if broker.startswith("pyamqp"):
+            self.tasks.app.conf.broker_transport_options = {"confirm_publish": True}
         (root / "control").mkdir(exist_ok=True)
 
     def env(self) -> dict[str, str]:
@@ -106,7 +167,7 @@ class Setup:
         records = [
             self.orders.get(f"o-{k}") or self.orders.create(f"o-{k}", {}) for k in range(keys)
         ]
-        conn = sqlite3.connect(self.root / "store.sqlite", timeout=60)
+        conn = business_connection(self.store_url)
         try:
             outbox = self.store.using(conn).outbox
             rows = [
@@ -125,12 +186,19 @@ class Setup:
     def close(self) -> None:
         self.store.close()
         self.tasks.app.close()
+        if self._cleanup is not None:
+            self._cleanup()
+
+
+@pytest.fixture(params=STORES)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture
-def shared_redis(tmp_path: Path) -> Iterator[Setup]:
+def shared_redis(tmp_path: Path, store_kind: str) -> Iterator[Setup]:
     require_server("Redis", REDIS_HOST, REDIS_PORT)
-    setup = Setup(tmp_path, redis_url("celery"))
+    setup = Setup(tmp_path, redis_url("celery"), store_kind)
     try:
         yield setup
     finally:
@@ -152,6 +220,7 @@ def test_relays_drain_10000_rows_exactly_once_in_key_order(
     argv = [sys.executable, "-m", "fencing", "relay", s.store_url, "--queue", "celery"]
     argv += ["--app", "tests.contrib.apps.relay_app:celery", "--batch", "50", "--poll", "0.05"]
     procs = []
+    started = time.monotonic()
     for n in range(relays):
         with open(s.root / f"relay{n}.log", "wb") as log:
             procs.append(
@@ -164,13 +233,22 @@ def test_relays_drain_10000_rows_exactly_once_in_key_order(
                     start_new_session=True,
                 )
             )
+
+    def log_of(n: int) -> str:
+        return f"relay-{n} (exit {procs[n].returncode}): " + (s.root / f"relay{n}.log").read_text()
+
     try:
         deadline = time.monotonic() + 600
         while s.store.outbox.stats().pending:
-            dead = [p for p in procs if p.poll() is not None]
-            assert not dead, (s.root / "relay0.log").read_text()
+            dead = [n for n, p in enumerate(procs) if p.poll() is not None]
+            assert not dead, [log_of(n) for n in dead]
             assert time.monotonic() < deadline, "the relays did not drain the outbox"
             time.sleep(0.2)
+        drained = time.monotonic() - started
+        # A relay still starting up has no SIGTERM handler yet: stopping it then would
+        # kill it (exit -15) without a word. Wait until each one handles the signal.
+        for proc in procs:
+            _wait(lambda proc=proc: _handles_sigterm(proc.pid), 120, f"relay {proc.pid} to start")
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -181,10 +259,10 @@ def test_relays_drain_10000_rows_exactly_once_in_key_order(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    logs = [(s.root / f"relay{n}.log").read_text() for n in range(relays)]
+    logs = [log_of(n) for n in range(relays)]
     assert all(p.returncode == 0 for p in procs), logs
     shares = [int(log.rsplit("published ", 1)[1].split(" ")[0]) for log in logs]
-    print(f"{relays} relays published {shares}")
+    print(f"{relays} relays drained {ROWS} rows in {drained:.1f} s, published {shares}")
     assert sum(shares) == ROWS, shares  # each row published once, by one relay
     client = redis.Redis.from_url(s.broker)
     try:
@@ -234,14 +312,10 @@ class PrivateRedis:
             self.proc.wait(timeout=20)
 
 
-def test_broker_down_for_10s_then_back_delivers_every_row(tmp_path: Path) -> None:
-    if shutil.which("redis-server") is None:
-        if CI:
-            pytest.fail("redis-server is not installed, and CI is set")
-        pytest.skip("redis-server is not installed (the test runs a private one)")
-    server = PrivateRedis(tmp_path)
-    server.start()
-    s = Setup(tmp_path, f"redis://127.0.0.1:{server.port}/0")
+def _outage(s: Setup, cut: Any, restore: Any) -> tuple[dict[int, OutboxRow], list[int]]:
+    """A relay (thread) drains 300 rows; after 100 the broker goes away (``cut``) for
+    10 s, 100 more rows are written meanwhile, then it is back (``restore``): the rows
+    written and the failed publishes of each batch."""
     failed_batches: list[int] = []
     relay = Relay(
         s.store,
@@ -256,28 +330,67 @@ def test_broker_down_for_10s_then_back_delivers_every_row(tmp_path: Path) -> Non
         rows = {r.id: r for r in s.write(300, 30)}
         runner.start()
         _wait(lambda: relay.counts.published >= 100, 60, "100 rows published")
-        server.stop()
+        cut()
         rows |= {r.id: r for r in s.write(100, 30, start=300)}  # written while it is down
         time.sleep(10)
         assert relay.counts.failed > 0 and s.store.outbox.stats().pending > 0
         published_while_down = relay.counts.published
-        server.start()
+        restore()
         _wait(lambda: not s.store.outbox.stats().pending, 120, "the outbox to drain")
         assert relay.counts.published > published_while_down
     finally:
         relay.stop()
         if runner.is_alive():
             runner.join(30)
-        s.close()
+    assert max(failed_batches) <= relay.config.max_failures
+    return rows, failed_batches
+
+
+def test_broker_down_for_10s_then_back_delivers_every_row(
+    tmp_path: Path, store_kind: str
+) -> None:
+    if shutil.which("redis-server") is None:
+        if CI:
+            pytest.fail("redis-server is not installed, and CI is set")
+        pytest.skip("redis-server is not installed (the test runs a private one)")
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        s = Setup(tmp_path, f"redis://127.0.0.1:{server.port}/0", store_kind)
+        try:
+            rows, _ = _outage(s, server.stop, server.start)
+        finally:
+            s.close()
         client = redis.Redis(port=server.port)
         try:
             received = _queue_messages(client, s.list_key)
         finally:
             client.close()
-            server.stop()
+    finally:
+        server.stop()
     assert set(received) == set(rows)  # every row reached the broker, none dropped
     _check_order(received, rows)
-    assert max(failed_batches) <= relay.config.max_failures
+
+
+def test_rabbitmq_unreachable_for_10s_then_back_delivers_every_row(
+    tmp_path: Path, store_kind: str
+) -> None:
+    pytest.importorskip("pika")
+    require_server("RabbitMQ", AMQP_HOST, AMQP_PORT)
+    with TcpProxy(AMQP_HOST, AMQP_PORT) as proxy:
+        s = Setup(tmp_path, f"pyamqp://guest:guest@127.0.0.1:{proxy.port}//", store_kind)
+        try:
+            rows, _ = _outage(s, proxy.cut, proxy.restore)
+            assert proxy.connections >= 2  # the relay did reconnect after the outage
+        finally:
+            s.close()
+    try:
+        received = _amqp_messages(s.queue)
+    finally:
+        with contextlib.suppress(Exception):
+            _amqp_delete([s.queue], [s.queue])
+    assert set(received) == set(rows)  # every row reached the broker, none dropped
+    _check_order(received, rows)
 
 
 def _celery_publisher(s: Setup) -> Any:
