@@ -685,7 +685,7 @@ def test_store_before_effects_gains_them_on_migrate(opener: Opener, mysql_url: s
         bare.collection("orders").effect(late, "charge")
 
     store = opener()  # migrates: the table and its indexes appear, the version moves on
-    assert _sql(mysql_url, "SELECT component, version FROM fencing_schema") == [("core", 4)]
+    assert _sql(mysql_url, "SELECT component, version FROM fencing_schema") == [("core", 5)]
     indexes = _sql(
         mysql_url,
         "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS"
@@ -702,9 +702,52 @@ def test_store_before_effects_gains_them_on_migrate(opener: Opener, mysql_url: s
     marked = store.mark_reconciled(listed)
 
     store.migrate()  # again: nothing changes, nothing is lost
-    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(4,)]
+    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(5,)]
     assert store.get_effect(fx.idempotency_key) == marked
     assert store.effects_to_reconcile() == []
+
+
+def _outbox_indexes(url: str) -> dict[str, list[str]]:
+    rows = _sql(
+        url,
+        "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS"
+        " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'fencing_outbox'"
+        " ORDER BY INDEX_NAME, SEQ_IN_INDEX",
+    )
+    found: dict[str, list[str]] = {}
+    for index, column in rows:
+        found.setdefault(str(index), []).append(str(column))
+    return found
+
+
+def test_outbox_of_version_4_gains_covering_indexes_on_migrate(
+    opener: Opener, mysql_url: str
+) -> None:
+    """Version 5: the unsent rows' indexes carry what a claim's key check and the stats
+    read (a big backlog made MariaDB scan the whole table for both)."""
+    opener()
+    _sql(
+        mysql_url,
+        "INSERT INTO fencing_outbox (kind, task, payload, options, okey, created_at)"
+        " VALUES ('celery', 'shop.ship', '{}', '{}', 'k1', 1)",
+    )
+    covering = _outbox_indexes(mysql_url)
+    assert covering["fencing_outbox_unsent"] == ["unsent_kind", "id", "created_at"]
+    assert covering["fencing_outbox_key"] == ["unsent_key", "id", "claimed_until"]
+    # the outbox as version 4 left it
+    _sql(
+        mysql_url,
+        "ALTER TABLE fencing_outbox DROP INDEX fencing_outbox_unsent,"
+        " ADD INDEX fencing_outbox_unsent (unsent_kind, id), DROP INDEX fencing_outbox_key,"
+        " ADD INDEX fencing_outbox_key (unsent_key, id)",
+    )
+    _sql(mysql_url, "UPDATE fencing_schema SET version = 4")
+    store = opener()  # migrates
+    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(5,)]
+    assert _outbox_indexes(mysql_url) == covering
+    assert [r.key for r in store.outbox.pending()] == ["k1"]  # nothing lost
+    store.migrate()  # again: nothing changes
+    assert _outbox_indexes(mysql_url) == covering
 
 
 def test_effect_rows_hold_the_text_as_given_and_the_servers_clock(

@@ -14,8 +14,9 @@ __all__ = ["DDL", "SCHEMA_VERSION", "TABLES", "migrate"]
 
 # 2: fencing_effects (1 -> 2 only added a table);
 # 3: an applied intent is keyed by (scope, intent_id, key_text): an id names work on one key;
-# 4: the outbox (3 -> 4 only added two tables)
-SCHEMA_VERSION: Final = 4
+# 4: the outbox (3 -> 4 only added two tables);
+# 5: the outbox's two indexes of unsent rows cover what claims and stats read
+SCHEMA_VERSION: Final = 5
 
 
 def _ddl() -> tuple[str, ...]:
@@ -37,6 +38,12 @@ _SCHEMA_BUMP: Final = (
 _APPLIED_BY_KEY: Final = (
     "ALTER TABLE fencing_applied DROP PRIMARY KEY, ADD PRIMARY KEY (scope, intent_id, key_text)"
 )
+# 4 -> 5 (an outbox made by version 4; a second run only rebuilds the same indexes)
+_OUTBOX_COVERING: Final = (
+    "ALTER TABLE fencing_outbox DROP INDEX fencing_outbox_unsent,"
+    " ADD INDEX fencing_outbox_unsent (unsent_kind, id, created_at),"
+    " DROP INDEX fencing_outbox_key, ADD INDEX fencing_outbox_key (unsent_key, id, claimed_until)"
+)
 _SCHEMA_READ: Final = "SELECT version FROM fencing_schema WHERE component = 'core'"
 
 
@@ -57,5 +64,7 @@ def migrate() -> Flow[None]:
         script = Script()
         if version < 3:  # the applied intents' key joins their primary key
             script.add(_APPLIED_BY_KEY)
+        if version == 4:  # older: the outbox was just made, with the version 5 indexes
+            script.add(_OUTBOX_COVERING)
         script.add(_SCHEMA_BUMP, SCHEMA_VERSION, SCHEMA_VERSION)
         yield script.batch()
