@@ -43,10 +43,14 @@ ADD: Final = (
     f" VALUES (%s, %s, %s, %s, %s, %s, {NOW})"
 )
 READ_ADDED: Final = f"SELECT {_COLUMNS} FROM fencing_outbox WHERE id = LAST_INSERT_ID()"
+# "no unsent row of the key is under a live claim", as the latest deadline of the key's
+# unsent rows, read from fencing_outbox_key alone, per candidate key: MariaDB turns the
+# same test written NOT EXISTS into a NOT IN over every unsent row (the whole backlog)
 CANDIDATES: Final = (
     "SELECT o.id, o.okey FROM fencing_outbox o WHERE o.unsent_kind = %s"
-    " AND NOT EXISTS (SELECT 1 FROM fencing_outbox p WHERE p.unsent_key = o.okey"
-    " AND p.claimed_until > @f_now) ORDER BY o.id LIMIT %s FOR UPDATE SKIP LOCKED"
+    " AND COALESCE((SELECT MAX(p.claimed_until) FROM fencing_outbox p"
+    " WHERE p.unsent_key = o.okey), 0) <= @f_now"
+    " ORDER BY o.id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 NEW_CLAIM: Final = "INSERT INTO fencing_outbox_claims (relay, claimed_at) VALUES (%s, @f_now)"
 DONE: Final = (
