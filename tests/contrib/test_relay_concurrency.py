@@ -5,9 +5,9 @@ database of its own (``_e2e.STORES``); the business transaction that writes the 
 runs on the caller's own connection (``sqlite3``, psycopg, PyMySQL).
 
 - Two and four relay processes (``fencing relay``, in loop mode; on PostgreSQL with the
-  ``LISTEN`` waker; four only on the servers: ``DRAINS``) drain 10,000 rows of 200 keys written in one business transaction:
-  the broker's queue then holds every row exactly once (no relay crashed), and each
-  key's rows in the order they were written. What the broker received is read back
+  ``LISTEN`` waker; four only on the servers: ``DRAINS``) drain 10,000 rows of 200
+  keys written in one business transaction: the broker's queue then holds every row
+  exactly once (no relay crashed), and each key's rows in the order they were written. What the broker received is read back
   from the queue's Redis list itself (Celery's Redis transport pushes on the left: the
   list reversed is the publish order), not from the relays' own accounts.
 - A relay publishing to a private Redis server (started by the test, on its own port,
@@ -352,9 +352,7 @@ def _outage(s: Setup, cut: Any, restore: Any) -> tuple[dict[int, OutboxRow], lis
     return rows, failed_batches
 
 
-def test_broker_down_for_10s_then_back_delivers_every_row(
-    tmp_path: Path, store_kind: str
-) -> None:
+def test_broker_down_for_10s_then_back_delivers_every_row(tmp_path: Path, store_kind: str) -> None:
     if shutil.which("redis-server") is None:
         if CI:
             pytest.fail("redis-server is not installed, and CI is set")
