@@ -7,9 +7,10 @@ runs on the caller's own connection (``sqlite3``, psycopg, PyMySQL).
 - Two and four relay processes (``fencing relay``, in loop mode; on PostgreSQL with the
   ``LISTEN`` waker; four only on the servers: ``DRAINS``) drain 10,000 rows of 200
   keys written in one business transaction: the broker's queue then holds every row
-  exactly once (no relay crashed), and each key's rows in the order they were written. What the broker received is read back
-  from the queue's Redis list itself (Celery's Redis transport pushes on the left: the
-  list reversed is the publish order), not from the relays' own accounts.
+  exactly once (no relay crashed), and each key's rows in the order they were written.
+  What the broker received is read back from the queue's Redis list itself (Celery's
+  Redis transport pushes on the left: the list reversed is the publish order), not
+  from the relays' own accounts.
 - A relay publishing to a private Redis server (started by the test, on its own port,
   with an fsync'd append-only file) that is shut down for 10 s mid-drain, rows written
   meanwhile, then started again: the relay backs off while it is down and every row
