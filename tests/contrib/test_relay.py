@@ -518,3 +518,33 @@ def test_a_stop_before_run_makes_run_return_at_once(tmp_path: Path) -> None:
         relay.run()
         assert time.monotonic() - started < 30  # not the 60 s poll
         relay.close()
+
+
+def test_a_publisher_without_broker_confirms_is_refused() -> None:
+    """On RabbitMQ a publish without confirms returns once the message is on the
+    socket: a connection lost then loses it while the relay marks its row sent. Both
+    RabbitMQ publishers refuse an app or broker made that way, before any row moves."""
+    from fencing.contrib.celery import publisher as celery_publisher
+
+    app = celery.Celery("no-confirms", broker="pyamqp://guest@127.0.0.1//", set_as_current=False)
+    with pytest.raises(fencing.ConfigurationError, match="confirm_publish"):
+        celery_publisher(app)
+    app.conf.broker_transport_options = {"confirm_publish": True}
+    assert celery_publisher(app).app is app
+    redis_app = celery.Celery("redis", broker="redis://127.0.0.1:6379/0", set_as_current=False)
+    celery_publisher(redis_app)  # Redis answers every push
+
+    pytest.importorskip("dramatiq")
+    pytest.importorskip("pika")
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+    from fencing.contrib.dramatiq import publisher as dramatiq_publisher
+
+    url = "amqp://guest:guest@127.0.0.1:5672/"
+    with pytest.raises(fencing.ConfigurationError, match="confirm_delivery"):
+        dramatiq_publisher(RabbitmqBroker(url=url))  # no connection is made to refuse it
+    confirmed = RabbitmqBroker(url=url, confirm_delivery=True)
+    try:
+        assert dramatiq_publisher(confirmed).broker is confirmed
+    finally:
+        confirmed.close()

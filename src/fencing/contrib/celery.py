@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from .._errors import InvalidInput, MissingDependency
+from .._errors import ConfigurationError, InvalidInput, MissingDependency
 from .._outbox import OutboxRow
 from .._values import Intent, Record
 from ._common import (
@@ -138,6 +138,7 @@ class CeleryPublisher:
     kind = "celery"
 
     def __init__(self, app: Celery) -> None:
+        _check_confirms(app)
         self.app = app
 
     def __repr__(self) -> str:
@@ -151,8 +152,27 @@ class CeleryPublisher:
 
 
 def publisher(app: Celery) -> CeleryPublisher:
-    """The relay's publisher for Celery: rows sent with ``app.send_task``."""
+    """The relay's publisher for Celery: rows sent with ``app.send_task``.
+
+    On an AMQP broker (RabbitMQ) the app must publish with confirms
+    (``broker_transport_options={"confirm_publish": True}``), or it is refused with
+    ``ConfigurationError``: without them ``send_task`` returns once the message is on
+    the socket, and a connection lost then loses it while the relay marks it sent."""
     return CeleryPublisher(app)
+
+
+def _check_confirms(app: Celery) -> None:
+    url = str(app.conf.broker_url or app.conf.broker_write_url or "")
+    scheme = url.partition("://")[0].partition("+")[0].lower()
+    if scheme not in ("amqp", "amqps", "pyamqp", "librabbitmq"):
+        return
+    if not (app.conf.broker_transport_options or {}).get("confirm_publish"):
+        raise ConfigurationError(
+            f"the outbox relay publishes to {scheme}:// with Celery app {app.main!r}, which"
+            " does not wait for the broker's confirm: a row could be marked sent and lost."
+            ' Set app.conf.broker_transport_options = {"confirm_publish": True} (with'
+            " your other transport options)"
+        )
 
 
 def _body(spec: FencedTask) -> Callable[[Any, str], dict[str, Any]]:

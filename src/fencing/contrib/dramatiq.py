@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._errors import InvalidInput, MissingDependency
+from .._errors import ConfigurationError, InvalidInput, MissingDependency
 from .._outbox import OutboxRow
 from .._values import Intent, Record
 from ._common import (
@@ -223,6 +223,14 @@ class DramatiqPublisher:
     kind = "dramatiq"
 
     def __init__(self, broker: Broker) -> None:
+        # RabbitmqBroker's own switch; the Redis broker answers every push
+        if getattr(broker, "confirm_delivery", True) is False:
+            raise ConfigurationError(
+                "the outbox relay publishes with a RabbitmqBroker made without"
+                " confirm_delivery=True: a row could be marked sent and lost on a"
+                " connection lost right after the publish. Make the relay's broker with"
+                " RabbitmqBroker(..., confirm_delivery=True)"
+            )
         self.broker = broker
 
     def __repr__(self) -> str:

@@ -48,6 +48,8 @@ def build(broker_url: str, queue: str, prefix: str) -> CeleryTasks:
     )
     if broker_url.startswith("redis"):
         app.conf.broker_transport_options = {"global_keyprefix": f"{prefix}:"}
+    else:  # RabbitMQ: the outbox relay's publisher requires confirms
+        app.conf.broker_transport_options = {"confirm_publish": True}
     common: dict[str, Any] = {
         "signer": _shared.SIGNER,
         "on_outcome": _shared.after_run,

@@ -37,7 +37,7 @@ def make_broker(url: str, namespace: str) -> dramatiq.Broker:
             maintenance_chance=1_000_000,
         )
     else:
-        broker = RabbitmqBroker(url=url)
+        broker = RabbitmqBroker(url=url, confirm_delivery=True)
     broker.add_middleware(CurrentMessage())
     return broker
 

@@ -47,6 +47,8 @@ def build(settings: Settings) -> tuple[Celery, dict[tuple[str, bool], Any], Any]
     )
     if settings.broker.startswith("redis"):
         app.conf.broker_transport_options = {"global_keyprefix": f"{settings.prefix}:"}
+    else:  # RabbitMQ: a publish returns once the broker confirmed it (the outbox relay)
+        app.conf.broker_transport_options = {"confirm_publish": True}
     fenced = {
         (kind, leased): fenced_task(
             app,

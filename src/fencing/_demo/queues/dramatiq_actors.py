@@ -72,7 +72,7 @@ def make_broker(settings: Settings) -> _dramatiq.Broker:
     else:
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-        broker = RabbitmqBroker(url=amqp_url(settings.broker))
+        broker = RabbitmqBroker(url=amqp_url(settings.broker), confirm_delivery=True)
     broker.add_middleware(CurrentMessage())
     return broker
 
