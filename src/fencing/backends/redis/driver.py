@@ -15,6 +15,7 @@ reports it does not know (NOSCRIPT: nothing ran) is loaded and sent again, by th
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["AsyncRedisBackend", "RedisBackend"]
 
 _SCAN_COUNT: Final = 1000
+_HELD: Final = 256  # asyncio Cluster nodes held before the disconnected are let go
 
 
 class _RedisDriver:
@@ -73,6 +75,7 @@ class _RedisDriver:
         )
         self._direct = settings.wait is None
         self._known: dict[str, Any] = {}  # Cluster node addresses seen (see revive)
+        self._nodes: dict[int, Any] = {}  # asyncio Cluster nodes seen, held (see _reap)
 
     def _failure(self, exc: BaseException) -> FencingError:
         """The fencing error for what ``_caught`` caught (raise it ``from exc``); an
@@ -198,7 +201,36 @@ class AsyncRedisBackend(_RedisDriver, AsyncFlowBackend):
         try:
             return await self._carry_out(step)
         except self._caught as exc:
+            await self._reap()
             raise self._failure(exc) from exc
+
+    def _revive(self) -> None:
+        super()._revive()
+        manager: Any = getattr(self.client, "nodes_manager", None)
+        if manager is not None:
+            for node in (*manager.startup_nodes.values(), *manager.nodes_cache.values()):
+                self._nodes.setdefault(id(node), node)
+
+    async def _reap(self) -> None:
+        """Disconnect the nodes the Cluster client let go of. After a lost connection
+        redis-py pops the node from its startup nodes still connected (it ran
+        ``CLUSTER SLOTS`` there) and drops it, or swaps nodes and leaves their
+        disconnection to a task the closing loop may cancel: garbage, a connected node
+        warns "Unclosed ClusterNode". ``_revive`` holds every node it sees, and a call
+        still in flight may connect a dropped node again, so they are held until
+        ``close`` (past ``_HELD`` nodes, the disconnected ones are let go)."""
+        manager: Any = getattr(self.client, "nodes_manager", None)
+        if manager is None:
+            return
+        live = {id(n) for n in (*manager.startup_nodes.values(), *manager.nodes_cache.values())}
+        for key, node in list(self._nodes.items()):
+            if key not in live and _connected(node):
+                with contextlib.suppress(Exception):
+                    await node.disconnect()
+        if len(self._nodes) > _HELD:
+            for key, node in list(self._nodes.items()):
+                if key not in live and not _connected(node):
+                    self._nodes.pop(key, None)
 
     async def _command(self, command: Command) -> object:
         client: Any = self.client  # see RedisBackend._command
@@ -274,6 +306,7 @@ class AsyncRedisBackend(_RedisDriver, AsyncFlowBackend):
             except self._no_script:
                 pass  # it did not run: the flow loads the scripts and sends it again
             except self._caught as exc:
+                await self._reap()
                 raise self._failure(exc) from exc
         flow = run_call(self.settings, call, write=write)
         return commit_result(request, await self._drive(flow))
@@ -288,4 +321,16 @@ class AsyncRedisBackend(_RedisDriver, AsyncFlowBackend):
         await self._drive(self._declare(name, key, version, columns))
 
     async def close(self) -> None:
-        await self.client.aclose()  # redis-py >= 5.0.1
+        try:
+            await self.client.aclose()  # redis-py >= 5.0.1
+        finally:  # and every node redis-py let go of still connected (see _reap)
+            nodes, self._nodes = list(self._nodes.values()), {}
+            for node in nodes:
+                with contextlib.suppress(Exception):
+                    await node.disconnect()  # (a no-op for one never connected)
+
+
+def _connected(node: Any) -> bool:
+    """Whether an asyncio ``ClusterNode`` holds an open connection (what its
+    ``__del__`` warns about)."""
+    return any(c.is_connected for c in getattr(node, "_connections", ()))
