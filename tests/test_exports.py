@@ -47,6 +47,8 @@ PUBLIC = [
     "OutboxClaim",
     "OutboxMessage",
     "OutboxRow",
+    "OutboxRowError",
+    "OutboxRowNotDead",
     "OutboxStats",
     "Outcome",
     "Recompute",
@@ -64,6 +66,7 @@ PUBLIC = [
     "StoreError",
     "Table",
     "TransientStoreError",
+    "UnknownOutboxRow",
     "WrongEventLoop",
     "__version__",
     "open_async",
@@ -184,6 +187,10 @@ def test_every_error_derives_from_fencing_error() -> None:
     assert issubclass(fencing.StoreClosed, fencing.StoreError)
     assert issubclass(fencing.WrongEventLoop, fencing.StoreError)
     assert issubclass(fencing.RecordNotFound, LookupError)
+    for outbox_error in ("UnknownOutboxRow", "OutboxRowNotDead"):
+        assert issubclass(getattr(fencing, outbox_error), fencing.OutboxRowError)
+    assert issubclass(fencing.OutboxRowError, fencing.InvalidInput)
+    assert issubclass(fencing.UnknownOutboxRow, LookupError)
 
 
 OUTCOMES = ("Committed", "Stale", "Duplicate", "Fenced", "Missing", "Skipped", "Contended")

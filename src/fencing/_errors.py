@@ -9,7 +9,10 @@ store that could not be reached::
     │   ├── InvalidIntent                    malformed, truncated, tampered, mismatched intent
     │   ├── InvalidState                     state not a JSON object, not JSON, oversize
     │   ├── InvalidIdentifier                unsafe collection, lease, table or column name
-    │   └── InvalidLeaseRequest              non-positive or absurd TTL, bad owner
+    │   ├── InvalidLeaseRequest              non-positive or absurd TTL, bad owner
+    │   └── OutboxRowError                   outbox.retry/drop named rows they cannot take:
+    │       ├── UnknownOutboxRow (LookupError)   an id with no row
+    │       └── OutboxRowNotDead                 a row that is not dead (pending or sent)
     ├── ConfigurationError                   unknown URL scheme, bad URL option, a database
     │   │                                    or credentials the server refuses (not retried)
     │   └── MissingDependency (ImportError)  a backend's driver is not installed
@@ -45,11 +48,14 @@ __all__ = [
     "LeaseHeld",
     "LeaseLost",
     "MissingDependency",
+    "OutboxRowError",
+    "OutboxRowNotDead",
     "RecordNotFound",
     "SchemaError",
     "StoreClosed",
     "StoreError",
     "TransientStoreError",
+    "UnknownOutboxRow",
     "WrongEventLoop",
 ]
 
@@ -76,6 +82,26 @@ class InvalidIdentifier(InvalidInput):
 
 class InvalidLeaseRequest(InvalidInput):
     """A lease request with a bad TTL, owner or wait time."""
+
+
+class OutboxRowError(InvalidInput):
+    """``outbox.retry(ids)`` / ``outbox.drop(ids)`` named rows it cannot take; nothing was
+    changed, not even for the other ids. ``unknown``: ids with no row; ``not_dead``: ids
+    of rows that are not dead (still pending, or sent)."""
+
+    def __init__(self, message: str, unknown: tuple[int, ...], not_dead: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.unknown = unknown
+        self.not_dead = not_dead
+
+
+class UnknownOutboxRow(OutboxRowError, LookupError):
+    """An id named to ``outbox.retry`` / ``outbox.drop`` has no row (never, or pruned)."""
+
+
+class OutboxRowNotDead(OutboxRowError):
+    """A row named to ``outbox.retry`` / ``outbox.drop`` is not dead: only dead rows are
+    put back or dropped (a pending row is the relay's, a sent one is history)."""
 
 
 class ConfigurationError(FencingError):

@@ -14,6 +14,12 @@ that key is live, so the rows of one key are published in order. Marking a row s
 or giving it back after a failed publish, names the claim's token: a relay that paused
 past its claim's deadline, whose rows a newer claim took, marks and gives back nothing.
 
+A row whose publish keeps failing while the broker takes other rows (a *poison* row: a
+payload the broker refuses, a queue that does not exist) can be given up as *dead*
+(``Relay(dead_after=N)``): it stays in the outbox with its payload, attempts, last error
+and ``dead_at``, and no longer holds its key back. ``outbox.dead()`` lists dead rows,
+``outbox.retry(ids)`` puts them back to pending, ``outbox.drop(ids)`` deletes them.
+
 Every backend stores the same row (``OUTBOX_COLUMNS``) and answers with
 :class:`OutboxRow` values built by :func:`outbox_row`.
 """
@@ -22,11 +28,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ._errors import InvalidInput
+from ._errors import InvalidInput, OutboxRowNotDead, UnknownOutboxRow
 from ._validate import check_name
 
 __all__ = [
@@ -40,6 +46,8 @@ __all__ = [
     "OutboxRow",
     "OutboxStats",
     "check_claim",
+    "check_dead",
+    "check_ids",
     "check_message",
     "claimable",
     "message_from",
@@ -55,7 +63,9 @@ MAX_CLAIM: Final = 10_000
 #: The columns ``outbox_add`` writes from a message (``OutboxMessage.stored()``).
 STORED_COLUMNS: Final = ("kind", "task", "queue", "payload", "options", "okey")
 #: The stored row, in this order, on every backend (``options`` is a JSON object; the
-#: claim's columns are NULL until a relay claims the row, ``sent_at`` until it is sent).
+#: claim's columns are NULL until a relay claims the row, ``sent_at`` until it is sent;
+#: ``strikes``: failed publishes that count toward a relay's ``dead_after``, ``dead_at``:
+#: when a relay gave the row up as dead, NULL while it is not; schema version 5).
 OUTBOX_COLUMNS: Final = (
     "id",
     "kind",
@@ -71,6 +81,8 @@ OUTBOX_COLUMNS: Final = (
     "claimed_by",
     "claimed_until",
     "sent_at",
+    "strikes",
+    "dead_at",
 )
 
 
@@ -115,10 +127,24 @@ class OutboxRow:
     claimed_by: str | None
     claimed_until: float | None
     sent_at: float | None
+    #: failed publishes that counted toward ``dead_after``: each one failed while the
+    #: broker took another row of the same batch (a broker outage counts none)
+    strikes: int = 0
+    #: when a relay gave the row up as dead (the store's clock); None: not dead
+    dead_at: float | None = None
 
     @property
     def sent(self) -> bool:
         return self.sent_at is not None
+
+    @property
+    def dead(self) -> bool:
+        return self.dead_at is not None
+
+    @property
+    def state(self) -> str:
+        """``pending`` (to publish), ``sent`` or ``dead`` (given up: ``outbox.retry``)."""
+        return "sent" if self.sent else "dead" if self.dead else "pending"
 
     def age(self, now: float) -> float:
         """Seconds since the row was written, by ``now`` (the store's clock)."""
@@ -138,30 +164,29 @@ class OutboxClaim:
 
 @dataclass(frozen=True, slots=True)
 class OutboxStats:
-    """The backlog of unsent rows (of one queue kind, or all): how many, and the
-    oldest one's age by the store's clock (0 when there is none)."""
+    """The backlog of pending rows (of one queue kind, or all): how many, and the
+    oldest one's age by the store's clock (0 when there is none); ``dead``: how many
+    rows were given up as dead (not in ``pending``; a monitor alerts on any)."""
 
     pending: int
     oldest_age: float
     now: float
+    dead: int = 0
 
 
 def claimable(rows: Sequence[OutboxRow], kind: str, now: float, limit: int) -> list[OutboxRow]:
     """The rows a claim at ``now`` takes (the rule of ``OutboxFlows.outbox_claim``, for a
     store that keeps rows in Python): ``rows`` are all rows, in id order."""
-    held = {
-        r.key
-        for r in rows
-        if r.sent_at is None and r.claimed_until is not None and r.claimed_until > now
-    }
-    free = [r for r in rows if r.sent_at is None and r.kind == kind and r.key not in held]
+    live = [r for r in rows if r.sent_at is None and r.dead_at is None]
+    held = {r.key for r in live if r.claimed_until is not None and r.claimed_until > now}
+    free = [r for r in live if r.kind == kind and r.key not in held]
     return free[:limit]
 
 
 def outbox_row(values: Sequence[Any]) -> OutboxRow:
     """An :class:`OutboxRow` from a stored row (``OUTBOX_COLUMNS`` order)."""
     (rid, kind, task, queue, payload, options, key, created, attempts, error) = values[:10]
-    token, by, until, sent = values[10:14]
+    token, by, until, sent, strikes, dead = values[10:16]
     return OutboxRow(
         int(rid),
         str(kind),
@@ -177,6 +202,8 @@ def outbox_row(values: Sequence[Any]) -> OutboxRow:
         None if by is None else str(by),
         None if until is None else float(until),
         None if sent is None else float(sent),
+        int(strikes),
+        None if dead is None else float(dead),
     )
 
 
@@ -231,6 +258,42 @@ def check_claim(
     if not 0.1 <= ttl <= 86400:
         raise InvalidInput("a claim's ttl is from 0.1 second to one day")
     return relay, str(kind), limit, float(ttl)
+
+
+def check_ids(ids: object) -> tuple[int, ...]:
+    """Row ids for ``outbox.retry`` / ``outbox.drop``: OutboxRow values or positive
+    integers, at least one, at most ``MAX_CLAIM``; sorted, each once."""
+    if isinstance(ids, int | str | bytes | OutboxRow):
+        ids = [ids]
+    if not isinstance(ids, Iterable):
+        raise InvalidInput("rows are OutboxRow values or their ids (positive integers)")
+    found = [r.id if isinstance(r, OutboxRow) else r for r in ids]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i > 0 for i in found):
+        raise InvalidInput("rows are OutboxRow values or their ids (positive integers)")
+    if not 1 <= len(found) <= MAX_CLAIM:
+        raise InvalidInput(f"name 1 to {MAX_CLAIM} rows")
+    return tuple(sorted(set(found)))
+
+
+def check_dead(ids: Sequence[int], found: Mapping[int, bool], verb: str) -> None:
+    """Raise if a row of ``ids`` is missing from ``found`` (id -> is it dead?) or not
+    dead: ``UnknownOutboxRow`` first, else ``OutboxRowNotDead``; ``verb`` names the
+    operation (``retry``, ``drop``) in the message."""
+    unknown = tuple(i for i in ids if i not in found)
+    not_dead = tuple(i for i in ids if i in found and not found[i])
+    if unknown:
+        raise UnknownOutboxRow(
+            f"cannot {verb} outbox row(s) {list(unknown)}: no such row (nothing changed)",
+            unknown,
+            not_dead,
+        )
+    if not_dead:
+        raise OutboxRowNotDead(
+            f"cannot {verb} outbox row(s) {list(not_dead)}: not dead (only a dead row is"
+            " put back or dropped; nothing changed)",
+            unknown,
+            not_dead,
+        )
 
 
 def message_from(

@@ -17,6 +17,7 @@ from ._outbox import (
     OutboxRow,
     OutboxStats,
     check_claim,
+    check_ids,
     message_from,
 )
 from ._values import Intent, Record
@@ -70,12 +71,30 @@ class Outbox:
         return self._store._live().outbox_add(message)
 
     def pending(self, *, kind: str | None = None, limit: int = 100) -> list[OutboxRow]:
-        """Rows not sent yet (of one queue kind, or all), oldest first."""
+        """Rows to publish (not sent, not dead; of one queue kind, or all), oldest first."""
         return self._store._live().outbox_list(_kind(kind), _limit(limit))
 
     def stats(self, *, kind: str | None = None) -> OutboxStats:
-        """The backlog: unsent rows and the oldest one's age (the store's clock)."""
+        """The backlog: pending rows and the oldest one's age (the store's clock), and
+        how many rows are dead."""
         return self._store._live().outbox_stats(_kind(kind))
+
+    # -- dead rows (``Relay(dead_after=N)`` gave them up; docs/outbox.md) -----------------
+    def dead(self, *, kind: str | None = None, limit: int = 100) -> list[OutboxRow]:
+        """Rows a relay gave up as dead (of one queue kind, or all), oldest first, with
+        their payload, attempts, last error and ``dead_at``."""
+        return self._store._live().outbox_dead(_kind(kind), _limit(limit))
+
+    def retry(self, rows: Iterable[OutboxRow | int] | OutboxRow | int) -> int:
+        """Put dead rows back to pending (attempts and strikes reset; the relay publishes
+        them next, by their id's place); how many. Every row or none: an id with no row
+        raises ``UnknownOutboxRow``, a row that is not dead ``OutboxRowNotDead``."""
+        return self._store._live().outbox_retry(check_ids(rows))
+
+    def drop(self, rows: Iterable[OutboxRow | int] | OutboxRow | int) -> int:
+        """Delete dead rows (they will never be published); how many. Every row or
+        none, with the errors of :meth:`retry`."""
+        return self._store._live().outbox_drop(check_ids(rows))
 
     # -- for relays ---------------------------------------------------------------------
     def claim(self, relay: str, kind: str, *, limit: int = 100, ttl: float = 30.0) -> OutboxClaim:
@@ -91,12 +110,30 @@ class Outbox:
         return self._store._live().outbox_done(_token(claim), _ids(rows))
 
     def release(
-        self, claim: OutboxClaim | int, rows: Iterable[OutboxRow | int], error: str | None = None
+        self,
+        claim: OutboxClaim | int,
+        rows: Iterable[OutboxRow | int],
+        error: str | None = None,
+        *,
+        strike: bool = False,
     ) -> int:
         """Give rows of ``claim`` back unsent (a failed publish): ``attempts`` plus one,
-        ``error`` kept (at most 2000 characters); how many were still its own."""
+        ``strikes`` plus one if ``strike`` (the publish failed while the broker took
+        other rows), ``error`` kept (at most 2000 characters); how many were still its
+        own."""
         text = None if error is None else str(error)[:2000]
-        return self._store._live().outbox_release(_token(claim), _ids(rows), text)
+        live = self._store._live()
+        return live.outbox_release(_token(claim), _ids(rows), text, bool(strike))
+
+    def bury(
+        self, claim: OutboxClaim | int, rows: Iterable[OutboxRow | int], error: str | None = None
+    ) -> int:
+        """Give rows of ``claim`` up as dead (a poison row: see ``Relay(dead_after=)``):
+        as :meth:`release` with a strike, and ``dead_at`` the store's clock; a dead row
+        is not claimed again and no longer holds its key back. How many were still its
+        own."""
+        text = None if error is None else str(error)[:2000]
+        return self._store._live().outbox_bury(_token(claim), _ids(rows), text)
 
     def prune(self, older_than: float | None = None) -> int:
         """Delete rows sent more than ``older_than`` seconds ago (default: the store's

@@ -147,8 +147,22 @@ class AsyncFlowBackend:
     async def outbox_done(self, token: int, ids: Sequence[int]) -> int:
         return await self._drive(self._outbox().outbox_done(token, ids))
 
-    async def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> int:
-        return await self._drive(self._outbox().outbox_release(token, ids, error))
+    async def outbox_release(
+        self, token: int, ids: Sequence[int], error: str | None, strike: bool
+    ) -> int:
+        return await self._drive(self._outbox().outbox_release(token, ids, error, strike))
+
+    async def outbox_bury(self, token: int, ids: Sequence[int], error: str | None) -> int:
+        return await self._drive(self._outbox().outbox_bury(token, ids, error))
+
+    async def outbox_dead(self, kind: str | None, limit: int) -> list[OutboxRow]:
+        return await self._drive(self._outbox().outbox_dead(kind, limit))
+
+    async def outbox_retry(self, ids: Sequence[int]) -> int:
+        return await self._drive(self._outbox().outbox_retry(ids))
+
+    async def outbox_drop(self, ids: Sequence[int]) -> int:
+        return await self._drive(self._outbox().outbox_drop(ids))
 
     async def outbox_list(self, kind: str | None, limit: int) -> list[OutboxRow]:
         return await self._drive(self._outbox().outbox_list(kind, limit))

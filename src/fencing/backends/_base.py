@@ -130,8 +130,22 @@ class FlowBackend:
     def outbox_done(self, token: int, ids: Sequence[int]) -> int:
         return self._drive(self._outbox().outbox_done(token, ids))
 
-    def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> int:
-        return self._drive(self._outbox().outbox_release(token, ids, error))
+    def outbox_release(
+        self, token: int, ids: Sequence[int], error: str | None, strike: bool
+    ) -> int:
+        return self._drive(self._outbox().outbox_release(token, ids, error, strike))
+
+    def outbox_bury(self, token: int, ids: Sequence[int], error: str | None) -> int:
+        return self._drive(self._outbox().outbox_bury(token, ids, error))
+
+    def outbox_dead(self, kind: str | None, limit: int) -> list[OutboxRow]:
+        return self._drive(self._outbox().outbox_dead(kind, limit))
+
+    def outbox_retry(self, ids: Sequence[int]) -> int:
+        return self._drive(self._outbox().outbox_retry(ids))
+
+    def outbox_drop(self, ids: Sequence[int]) -> int:
+        return self._drive(self._outbox().outbox_drop(ids))
 
     def outbox_list(self, kind: str | None, limit: int) -> list[OutboxRow]:
         return self._drive(self._outbox().outbox_list(kind, limit))

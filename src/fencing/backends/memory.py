@@ -19,7 +19,14 @@ from typing import Any
 
 from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, pending, prunable
 from .._errors import AlreadyExists, ConfigurationError, SchemaError
-from .._outbox import OutboxClaim, OutboxMessage, OutboxRow, OutboxStats, claimable
+from .._outbox import (
+    OutboxClaim,
+    OutboxMessage,
+    OutboxRow,
+    OutboxStats,
+    check_dead,
+    claimable,
+)
 from .._request import (
     AppliedIntent,
     CommitRequest,
@@ -390,7 +397,11 @@ class MemoryBackend:
 
     def _claimed(self, token: int, ids: Sequence[int]) -> list[OutboxRow]:
         found = (self._outbox.get(i) for i in ids)
-        return [r for r in found if r is not None and r.claim_token == token and not r.sent]
+        return [
+            r
+            for r in found
+            if r is not None and r.claim_token == token and not r.sent and not r.dead
+        ]
 
     def outbox_done(self, token: int, ids: Sequence[int]) -> int:
         with self._lock:
@@ -398,26 +409,72 @@ class MemoryBackend:
             self._outbox.update((r.id, replace(r, sent_at=now, claimed_until=None)) for r in rows)
             return len(rows)
 
-    def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> int:
+    def _give_back(
+        self, token: int, ids: Sequence[int], error: str | None, strike: bool, dead: bool
+    ) -> int:
         with self._lock:
-            rows = self._claimed(token, ids)
+            rows, now = self._claimed(token, ids), self.clock()
             self._outbox.update(
-                (r.id, replace(r, attempts=r.attempts + 1, last_error=error, **_UNCLAIMED))
+                (
+                    r.id,
+                    replace(
+                        r,
+                        attempts=r.attempts + 1,
+                        strikes=r.strikes + int(strike),
+                        last_error=error,
+                        dead_at=now if dead else None,
+                        **_UNCLAIMED,
+                    ),
+                )
                 for r in rows
             )
             return len(rows)
 
+    def outbox_release(
+        self, token: int, ids: Sequence[int], error: str | None, strike: bool
+    ) -> int:
+        return self._give_back(token, ids, error, strike, False)
+
+    def outbox_bury(self, token: int, ids: Sequence[int], error: str | None) -> int:
+        return self._give_back(token, ids, error, True, True)
+
+    def _rows(self, kind: str | None, state: str) -> list[OutboxRow]:
+        return [r for r in self._outbox.values() if r.state == state and kind in (None, r.kind)]
+
     def outbox_list(self, kind: str | None, limit: int) -> list[OutboxRow]:
         with self._lock:
-            rows = [r for r in self._outbox.values() if not r.sent and kind in (None, r.kind)]
-            return rows[:limit]
+            return self._rows(kind, "pending")[:limit]
+
+    def outbox_dead(self, kind: str | None, limit: int) -> list[OutboxRow]:
+        with self._lock:
+            return self._rows(kind, "dead")[:limit]
 
     def outbox_stats(self, kind: str | None) -> OutboxStats:
         with self._lock:
             now = self.clock()
-            rows = [r for r in self._outbox.values() if not r.sent and kind in (None, r.kind)]
+            rows = self._rows(kind, "pending")
             oldest = min((r.created_at for r in rows), default=now)
-            return OutboxStats(len(rows), max(0.0, now - oldest), now)
+            dead = len(self._rows(kind, "dead"))
+            return OutboxStats(len(rows), max(0.0, now - oldest), now, dead)
+
+    def _dead_ones(self, ids: Sequence[int], verb: str) -> None:
+        found = {i: self._outbox[i].dead for i in ids if i in self._outbox}
+        check_dead(ids, found, verb)
+
+    def outbox_retry(self, ids: Sequence[int]) -> int:
+        with self._lock:
+            self._dead_ones(ids, "retry")
+            for i in ids:
+                row = self._outbox[i]
+                self._outbox[i] = replace(row, attempts=0, strikes=0, dead_at=None)
+            return len(ids)
+
+    def outbox_drop(self, ids: Sequence[int]) -> int:
+        with self._lock:
+            self._dead_ones(ids, "drop")
+            for i in ids:
+                del self._outbox[i]
+            return len(ids)
 
     def outbox_prune(self, older_than: float) -> int:
         with self._lock:

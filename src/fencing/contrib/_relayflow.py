@@ -10,7 +10,8 @@ step                what the driver does                        result
 ``Claim``           ``store.outbox.claim(relay, kind, ...)``    ``OutboxClaim``
 ``Publish(row)``    the publisher's ``publish(row)``            None, or ``Failed``
 ``Done(t, ids)``    ``store.outbox.done(t, ids)``               rows marked
-``Release(...)``    ``store.outbox.release(t, ids, error)``     rows given back
+``Release(...)``    ``store.outbox.release(t, ids, error, ...)``rows given back
+``Bury(...)``       ``store.outbox.bury(t, ids, error)``        rows given up as dead
 ``Prune``           ``store.outbox.prune(retention)``           rows deleted
 ``Clock``           ``time.monotonic()``                        seconds
 ``Wait(s, wake)``   sleep ``s`` (``wake``: the waker may end    None
@@ -27,6 +28,16 @@ the batch is given back unattempted, and the loop backs off (bounded, jittered)
 before the next claim. A claim whose deadline is near (``ttl * claim_margin`` of
 the relay's own clock since it claimed) publishes no more: another relay may take
 those rows once it lapses, and this one must not send them again beside it.
+
+Poison rows (``dead_after``): a failed publish is a *strike* against its row only if
+the broker took another row in the same batch: the broker worked, so the failure was
+the row's. A batch in which nothing was published (a broker outage) strikes no row,
+however many batches the outage lasts. A row whose strikes reach ``dead_after`` is
+given up as *dead* (``Bury``): logged at ERROR, kept in the outbox, and no longer
+holding its key back. So that poison rows cannot pass for an outage by filling the
+head of every batch, the keys of rows that failed before (in this relay, or with
+strikes in the store) go to the back of the batch, behind the fresh rows of other keys
+(one key's rows keep their order: a key moves whole).
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from ._options import Backoff
 
 __all__ = [
     "BatchCounts",
+    "Bury",
     "Claim",
     "Clock",
     "Done",
@@ -96,6 +108,14 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class Release:
+    token: int
+    ids: tuple[int, ...]
+    error: str
+    strike: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Bury:
     token: int
     ids: tuple[int, ...]
     error: str
@@ -152,6 +172,9 @@ class RelayConfig:
     retention: float = 7 * 86400.0
     prune_every: float = 600.0
     claim_margin: float = 0.8
+    #: strikes (failures while the broker took other rows) that make a row dead; None:
+    #: never (a poison row then holds its key back until it is published or fixed)
+    dead_after: int | None = 10
 
     def __post_init__(self) -> None:
         check_name(self.name, "relay name")
@@ -167,6 +190,8 @@ class RelayConfig:
         _seconds(self.retention, "retention", 0, 10 * 365 * 86400)
         _seconds(self.prune_every, "prune_every", 0.001, 86400)
         _seconds(self.claim_margin, "claim_margin", 0.1, 1.0)
+        if self.dead_after is not None:
+            _count(self.dead_after, "dead_after (or None: never)", 1, 10_000)
 
 
 @dataclass(slots=True)
@@ -181,6 +206,8 @@ class BatchCounts:
     #: rows published but not marked: the claim lapsed and another relay took them
     #: (they will be published again: the worker answers ``Duplicate``)
     lost: int = 0
+    #: rows given up as dead (``dead_after`` strikes)
+    dead: int = 0
 
 
 @dataclass(slots=True)
@@ -195,6 +222,7 @@ class RelayCounts:
     failed: int = 0
     held: int = 0
     lost: int = 0
+    dead: int = 0
     pruned: int = 0
 
     def add(self, batch: BatchCounts) -> None:
@@ -205,6 +233,7 @@ class RelayCounts:
         self.failed += batch.failed
         self.held += batch.held
         self.lost += batch.lost
+        self.dead += batch.dead
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -255,16 +284,61 @@ def _log_failure(cfg: RelayConfig, claim: OutboxClaim, row: OutboxRow, failed: F
     )
 
 
-def batch(cfg: RelayConfig, counts: BatchCounts) -> Flow:
-    """Claim once and publish what was claimed; fills ``counts``; returns it."""
+def _log_dead(cfg: RelayConfig, token: int, row: OutboxRow, error: str) -> None:
+    log.error(
+        "outbox row %d (%s, key %s) is dead after %d attempt(s), %d while the broker took"
+        " other rows: %s. Its key's later rows go on without it (their order around it is"
+        " broken); `fencing outbox URL --dead` lists it, `--retry %d` puts it back",
+        row.id,
+        row.task,
+        row.key,
+        row.attempts + 1,
+        row.strikes + 1,
+        error,
+        row.id,
+        extra={
+            "fencing_relay": cfg.name,
+            "fencing_queue": cfg.kind,
+            "fencing_row_id": row.id,
+            "fencing_task": row.task,
+            "fencing_key": row.key,
+            "fencing_route": row.queue,
+            "fencing_options": dict(row.options),
+            "fencing_payload": row.payload[:2000],
+            "fencing_created_at": row.created_at,
+            "fencing_error": error,
+            "fencing_attempts": row.attempts + 1,
+            "fencing_strikes": row.strikes + 1,
+            "fencing_claim": token,
+        },
+    )
+
+
+#: at most this many row ids remembered as having failed (``batch``'s ``suspects``)
+MAX_SUSPECTS: Final = 10_000
+
+
+def _in_order(rows: tuple[OutboxRow, ...], suspects: set[int]) -> list[OutboxRow]:
+    """The claim's rows, the keys of rows that failed before last (whole, in order)."""
+    late = {r.key for r in rows if r.strikes > 0 or r.id in suspects}
+    if not late:
+        return list(rows)
+    return [r for r in rows if r.key not in late] + [r for r in rows if r.key in late]
+
+
+def batch(cfg: RelayConfig, counts: BatchCounts, suspects: set[int] | None = None) -> Flow:
+    """Claim once and publish what was claimed; fills ``counts``; returns it.
+    ``suspects``: ids of rows whose publish failed in earlier batches (kept up to date)."""
     claim: OutboxClaim = yield Claim()
     started: float = yield Clock()
     counts.claimed = len(claim.rows)
     if not claim.rows:
         return counts
+    suspects = set() if suspects is None else suspects
     token = claim.token
     unmarked: list[int] = []
     given_back: dict[str, list[int]] = {}  # error text -> ids
+    failures: list[tuple[OutboxRow, str]] = []  # rows whose publish failed
     stopped_keys: set[str] = set()
     in_a_row = 0
     stop_reason: str | None = None
@@ -280,7 +354,7 @@ def batch(cfg: RelayConfig, counts: BatchCounts) -> Flow:
             counts.marked += int(marked)
             counts.lost += len(ids) - int(marked)
 
-    for row in claim.rows:
+    for row in _in_order(claim.rows, suspects):
         if stop_reason is not None:
             back(stop_reason, row)
             counts.held += 1
@@ -301,11 +375,12 @@ def batch(cfg: RelayConfig, counts: BatchCounts) -> Flow:
             in_a_row += 1
             stopped_keys.add(row.key)
             _log_failure(cfg, claim, row, result)
-            back(result.text(), row)
+            failures.append((row, result.text()))
             if in_a_row >= cfg.max_failures:
                 stop_reason = UNTRIED.format(n=in_a_row)
             continue
         in_a_row = 0
+        suspects.discard(row.id)
         counts.published += 1
         done_at: float = yield Clock()
         _log_publish(cfg, claim, row, done_at - started)
@@ -313,33 +388,84 @@ def batch(cfg: RelayConfig, counts: BatchCounts) -> Flow:
         if len(unmarked) >= cfg.mark_every:
             yield from mark()
     yield from mark()
+    # the broker took other rows of this batch: each failure was its row's (a strike)
+    strike = counts.published > 0
+    dying: dict[str, list[OutboxRow]] = {}
+    struck: dict[str, list[int]] = {}
+    for row, error in failures:
+        if strike and cfg.dead_after is not None and row.strikes + 1 >= cfg.dead_after:
+            dying.setdefault(error, []).append(row)
+        elif strike:
+            struck.setdefault(error, []).append(row.id)
+        else:
+            back(error, row)
+    for error, rows in dying.items():
+        buried = yield Bury(token, tuple(r.id for r in rows), error)
+        counts.dead += int(buried)
+        if buried:
+            for row in rows:
+                suspects.discard(row.id)
+                _log_dead(cfg, token, row, error)
+    for error, ids in struck.items():
+        yield Release(token, tuple(ids), error, True)
     for error, ids in given_back.items():
         yield Release(token, tuple(ids), error)
+    if len(suspects) > MAX_SUSPECTS:
+        suspects.clear()
+    dead_ids = {r.id for rows in dying.values() for r in rows}
+    suspects.update(r.id for r, _ in failures if r.id not in dead_ids)
     return counts
 
 
 # -- the loops -------------------------------------------------------------------------------
-def drain(cfg: RelayConfig, totals: RelayCounts, on_batch: Any = None) -> Flow:
+#: batches in a row that publish nothing but fail rows not seen failing before, after
+#: which a drain stops (they may be poison rows filling the head of the outbox: the
+#: next batch tries the rows behind them first)
+FRUITLESS: Final = 3
+
+
+def drain(
+    cfg: RelayConfig,
+    totals: RelayCounts,
+    on_batch: Any = None,
+    suspects: set[int] | None = None,
+) -> Flow:
     """Prune sent rows past the retention, then batches until a claim finds nothing, or
     a batch publishes nothing (the broker is down, or every row left is another live
-    relay's); returns ``totals``."""
+    relay's: up to ``FRUITLESS`` such batches if each failed rows not failing before);
+    returns ``totals``."""
+    suspects = set() if suspects is None else suspects
     totals.pruned += int((yield Prune()))
+    fruitless = 0
     while True:
         counts = BatchCounts()
-        yield from batch(cfg, counts)
+        known = set(suspects)
+        yield from batch(cfg, counts, suspects)
         totals.add(counts)
         if on_batch is not None:
             on_batch(counts, totals)
-        if counts.claimed == 0 or counts.published == 0:
+        if counts.claimed == 0:
             return totals
+        if counts.published == 0:
+            fruitless += 1
+            if fruitless >= FRUITLESS or suspects <= known:
+                return totals
+        else:
+            fruitless = 0
         if (yield Stopping()):
             return totals
 
 
-def loop(cfg: RelayConfig, totals: RelayCounts, on_batch: Any = None) -> Flow:
+def loop(
+    cfg: RelayConfig,
+    totals: RelayCounts,
+    on_batch: Any = None,
+    suspects: set[int] | None = None,
+) -> Flow:
     """Relay until asked to stop: drain, wait for new rows (``poll``, or the waker),
     back off (bounded, jittered) while the broker or the store fails, prune sent rows
     every ``prune_every`` seconds."""
+    suspects = set() if suspects is None else suspects
     streak = 0
     pruned_at: float | None = None
     while not (yield Stopping()):
@@ -352,7 +478,7 @@ def loop(cfg: RelayConfig, totals: RelayCounts, on_batch: Any = None) -> Flow:
                 log.warning("could not prune the outbox: %s", exc)
         counts = BatchCounts()
         try:
-            yield from batch(cfg, counts)
+            yield from batch(cfg, counts, suspects)
         except TransientStoreError as exc:
             streak += 1
             delay = cfg.backoff.delay(streak)

@@ -26,8 +26,9 @@ Every publish logs one record on the ``fencing.relay`` logger, with ``extra`` fi
 ``fencing_row_id``, ``fencing_task``, ``fencing_key``, ``fencing_lag`` (seconds from
 the row's commit to its publish, by the store's clock), ``fencing_relay``,
 ``fencing_queue``, ``fencing_attempts`` and ``fencing_claim``; a failed publish logs a
-warning with ``fencing_error``. ``backlog()`` gives the unsent rows and the oldest
-one's age, for metrics.
+warning with ``fencing_error``; a row given up as dead (``dead_after``) logs an error
+with the row's fields (``fencing_payload``, ``fencing_strikes``, ...). ``backlog()``
+gives the pending rows, the oldest one's age and the dead rows' count, for metrics.
 
 Wake-ups: a relay with nothing to do waits ``poll`` seconds, through its
 :class:`Waker`. The default polls; a waker that listens for the store's
@@ -56,6 +57,7 @@ from .._store import Store
 from ._options import Backoff
 from ._relayflow import (
     BatchCounts,
+    Bury,
     Claim,
     Clock,
     Done,
@@ -253,6 +255,7 @@ class _RelayBase:
         self.counts = RelayCounts()
         self.on_batch = on_batch
         self._stopping = False
+        self._suspects: set[int] = set()  # rows whose publish failed (the flow's)
 
     @property
     def name(self) -> str:
@@ -275,6 +278,13 @@ class Relay(_RelayBase):
     ``max_failures`` failed publishes in a row end a batch, then the next claim waits
     ``backoff``; sent rows older than ``retention`` seconds are pruned every
     ``prune_every``; ``on_batch(batch_counts, totals)`` is called after each batch.
+
+    ``dead_after``: a row whose publish failed this many times while the broker took
+    other rows of the same batch (a poison row) is given up as dead: logged at ERROR,
+    kept in the outbox (``store.outbox.dead()``, ``retry``, ``drop``), and its key's
+    later rows go on without it. A broker outage kills no row (nothing is published,
+    so no failure counts). None: never; a poison row then holds its key back until it
+    is published. ``docs/outbox.md`` says why the default is 10.
     """
 
     def __init__(
@@ -291,6 +301,7 @@ class Relay(_RelayBase):
         backoff: Backoff | None = None,
         retention: float = 7 * 86400.0,
         prune_every: float = 600.0,
+        dead_after: int | None = 10,
         waker: Waker | None = None,
         on_batch: BatchHook | None = None,
     ) -> None:
@@ -308,6 +319,7 @@ class Relay(_RelayBase):
             "max_failures": max_failures,
             "retention": retention,
             "prune_every": prune_every,
+            "dead_after": dead_after,
         }
         if backoff is not None:
             options["backoff"] = backoff
@@ -332,7 +344,9 @@ class Relay(_RelayBase):
         if isinstance(step, Done):
             return outbox.done(step.token, step.ids)
         if isinstance(step, Release):
-            return outbox.release(step.token, step.ids, step.error)
+            return outbox.release(step.token, step.ids, step.error, strike=step.strike)
+        if isinstance(step, Bury):
+            return outbox.bury(step.token, step.ids, step.error)
         if isinstance(step, Prune):
             return outbox.prune(cfg.retention)
         if isinstance(step, Wait):
@@ -349,7 +363,7 @@ class Relay(_RelayBase):
         """Publish until nothing is left to claim (or a batch publishes nothing: the
         broker is down); return this drain's counts."""
         totals = RelayCounts()
-        drive(drain(self.config, totals, self._batch_hook), self._handle)
+        drive(drain(self.config, totals, self._batch_hook, self._suspects), self._handle)
         return totals
 
     def run(self) -> RelayCounts:
@@ -357,7 +371,7 @@ class Relay(_RelayBase):
         before ``run`` makes it return at once)."""
         totals = RelayCounts()
         try:
-            drive(loop(self.config, totals, self._batch_hook), self._handle)
+            drive(loop(self.config, totals, self._batch_hook, self._suspects), self._handle)
         finally:
             self._stopped.clear()
         return totals
@@ -402,6 +416,7 @@ class AsyncRelay(_RelayBase):
         backoff: Backoff | None = None,
         retention: float = 7 * 86400.0,
         prune_every: float = 600.0,
+        dead_after: int | None = 10,
         waker: AsyncWaker | None = None,
         on_batch: BatchHook | None = None,
     ) -> None:
@@ -417,6 +432,7 @@ class AsyncRelay(_RelayBase):
             "max_failures": max_failures,
             "retention": retention,
             "prune_every": prune_every,
+            "dead_after": dead_after,
         }
         if backoff is not None:
             options["backoff"] = backoff
@@ -448,7 +464,9 @@ class AsyncRelay(_RelayBase):
         if isinstance(step, Done):
             return await outbox.done(step.token, step.ids)
         if isinstance(step, Release):
-            return await outbox.release(step.token, step.ids, step.error)
+            return await outbox.release(step.token, step.ids, step.error, strike=step.strike)
+        if isinstance(step, Bury):
+            return await outbox.bury(step.token, step.ids, step.error)
         if isinstance(step, Prune):
             return await outbox.prune(cfg.retention)
         if isinstance(step, Wait):
@@ -465,7 +483,8 @@ class AsyncRelay(_RelayBase):
     async def run_once(self) -> RelayCounts:
         """:meth:`Relay.run_once`."""
         totals = RelayCounts()
-        await adrive(drain(self.config, totals, self._batch_hook), self._handle)
+        flow = drain(self.config, totals, self._batch_hook, self._suspects)
+        await adrive(flow, self._handle)
         return totals
 
     async def run(self) -> RelayCounts:
@@ -473,7 +492,8 @@ class AsyncRelay(_RelayBase):
         makes it return at once."""
         totals = RelayCounts()
         try:
-            await adrive(loop(self.config, totals, self._batch_hook), self._handle)
+            flow = loop(self.config, totals, self._batch_hook, self._suspects)
+            await adrive(flow, self._handle)
         finally:
             self._stopped.clear()
         return totals

@@ -1,6 +1,7 @@
 """MySQL's and MariaDB's outbox (``_contract.OutboxFlows``), part of the store's
-``MySQLFlows``. Unsent rows are read through the stored columns ``unsent_kind`` and
-``unsent_key`` and their indexes (``schema.sql``), never through the sent history.
+``MySQLFlows``. Pending rows (unsent, not dead) are read through the stored columns
+``unsent_kind`` and ``unsent_key`` and their indexes (``schema.sql``), never through the
+sent history; a dead row has neither, so it is never claimed and holds no key back.
 
 * ``outbox_add``: the INSERT and the row read back by ``LAST_INSERT_ID()``, one batch
   (one round trip; a savepoint of the caller's transaction through ``store.using``).
@@ -29,6 +30,7 @@ from ..._outbox import (
     OutboxMessage,
     OutboxRow,
     OutboxStats,
+    check_dead,
     outbox_row,
 )
 from .restart import restarts_on_deadlock
@@ -57,11 +59,25 @@ DONE: Final = (
     f"UPDATE fencing_outbox SET sent_at = {NOW}, claimed_until = NULL"
     " WHERE claim_token = %s AND sent_at IS NULL AND id IN ({ids})"
 )
-RELEASE: Final = (
-    "UPDATE fencing_outbox SET attempts = attempts + 1, last_error = %s, claim_token = NULL,"
+#: give back (release) or give up as dead (bury: the third ``%s`` true, ``dead_at`` now)
+GIVE_BACK: Final = (
+    "UPDATE fencing_outbox SET attempts = attempts + 1, strikes = strikes + %s,"
+    f" last_error = %s, dead_at = IF(%s, {NOW}, NULL), claim_token = NULL,"
     " claimed_by = NULL, claimed_until = NULL WHERE claim_token = %s AND sent_at IS NULL"
-    " AND id IN ({ids})"
+    " AND dead_at IS NULL AND id IN ({ids})"
 )
+_DEAD: Final = "dead_at IS NOT NULL AND sent_at IS NULL"
+LIST_DEAD_ALL: Final = f"SELECT {_COLUMNS} FROM fencing_outbox WHERE {_DEAD} ORDER BY id LIMIT %s"
+LIST_DEAD_KIND: Final = (
+    f"SELECT {_COLUMNS} FROM fencing_outbox WHERE {_DEAD} AND kind = %s ORDER BY id LIMIT %s"
+)
+COUNT_DEAD_ALL: Final = f"SELECT COUNT(*) FROM fencing_outbox WHERE {_DEAD}"
+COUNT_DEAD_KIND: Final = f"SELECT COUNT(*) FROM fencing_outbox WHERE {_DEAD} AND kind = %s"
+FIND: Final = f"SELECT id, {_DEAD} FROM fencing_outbox WHERE id IN ({{ids}}) FOR UPDATE"
+RETRY: Final = (
+    "UPDATE fencing_outbox SET attempts = 0, strikes = 0, dead_at = NULL WHERE id IN ({ids})"
+)
+DROP: Final = "DELETE FROM fencing_outbox WHERE id IN ({ids})"
 LIST_ALL: Final = (
     f"SELECT {_COLUMNS} FROM fencing_outbox WHERE unsent_kind IS NOT NULL ORDER BY id LIMIT %s"
 )
@@ -172,10 +188,42 @@ class MySQLOutboxFlows:
         results: list[Result] = yield one(DONE.format(ids=_ids(ids)), int(token))
         return results[0].affected
 
+    def outbox_release(
+        self, token: int, ids: Sequence[int], error: str | None, strike: bool
+    ) -> Flow[int]:
+        return self._give_back(token, ids, error, strike, False)
+
+    def outbox_bury(self, token: int, ids: Sequence[int], error: str | None) -> Flow[int]:
+        return self._give_back(token, ids, error, True, True)
+
     @restarts_on_deadlock
-    def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> Flow[int]:
-        results: list[Result] = yield one(RELEASE.format(ids=_ids(ids)), error, int(token))
+    def _give_back(
+        self, token: int, ids: Sequence[int], error: str | None, strike: bool, dead: bool
+    ) -> Flow[int]:
+        sql = GIVE_BACK.format(ids=_ids(ids))
+        results: list[Result] = yield one(sql, int(strike), error, int(dead), int(token))
         return results[0].affected
+
+    @restarts_on_deadlock
+    def outbox_dead(self, kind: str | None, limit: int) -> Flow[list[OutboxRow]]:
+        batch = one(LIST_DEAD_ALL, limit) if kind is None else one(LIST_DEAD_KIND, kind, limit)
+        results: list[Result] = yield batch
+        return [outbox_row(r) for r in results[0].rows]
+
+    @restarts_on_deadlock
+    def _named(self, then: str, ids: Sequence[int], verb: str) -> Flow[int]:
+        script = Script(begin=True)
+        script.add(FIND.format(ids=_ids(ids)))
+        results: list[Result] = yield script.batch()
+        check_dead(ids, {int(i): bool(dead) for i, dead in results[0].rows}, verb)
+        results = yield Script(then.format(ids=_ids(ids))).batch(end=True)
+        return results[0].affected
+
+    def outbox_retry(self, ids: Sequence[int]) -> Flow[int]:
+        return self._named(RETRY, ids, "retry")
+
+    def outbox_drop(self, ids: Sequence[int]) -> Flow[int]:
+        return self._named(DROP, ids, "drop")
 
     @restarts_on_deadlock
     def outbox_list(self, kind: str | None, limit: int) -> Flow[list[OutboxRow]]:
@@ -185,11 +233,17 @@ class MySQLOutboxFlows:
 
     @restarts_on_deadlock
     def outbox_stats(self, kind: str | None) -> Flow[OutboxStats]:
-        batch = one(STATS_ALL) if kind is None else one(STATS_KIND, kind)
-        results: list[Result] = yield batch
+        script = Script()
+        if kind is None:
+            script.add(STATS_ALL)
+            script.add(COUNT_DEAD_ALL)
+        else:
+            script.add(STATS_KIND, kind)
+            script.add(COUNT_DEAD_KIND, kind)
+        results: list[Result] = yield script.batch()
         count, oldest, now = results[0].rows[0]
         age = 0.0 if oldest is None else max(0.0, float(now) - float(oldest))
-        return OutboxStats(int(count), age, float(now))
+        return OutboxStats(int(count), age, float(now), int(results[1].rows[0][0]))
 
     @restarts_on_deadlock
     def outbox_prune(self, older_than: float) -> Flow[int]:

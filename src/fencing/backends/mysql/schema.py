@@ -15,8 +15,9 @@ __all__ = ["DDL", "SCHEMA_VERSION", "TABLES", "migrate"]
 # 2: fencing_effects (1 -> 2 only added a table);
 # 3: an applied intent is keyed by (scope, intent_id, key_text): an id names work on one key;
 # 4: the outbox (3 -> 4 only added two tables);
-# 5: the outbox's two indexes of unsent rows cover what claims and stats read
-SCHEMA_VERSION: Final = 5
+# 5: the outbox's two indexes of unsent rows cover what claims and stats read;
+# 6: the outbox's dead rows (5 -> 6: two columns, the pending columns skip dead rows)
+SCHEMA_VERSION: Final = 6
 
 
 def _ddl() -> tuple[str, ...]:
@@ -45,6 +46,20 @@ _OUTBOX_COVERING: Final = (
     " DROP INDEX fencing_outbox_key, ADD INDEX fencing_outbox_key (unsent_key, id, claimed_until)"
 )
 _SCHEMA_READ: Final = "SELECT version FROM fencing_schema WHERE component = 'core'"
+# 5 -> 6, on a table of version 5 or 4 only (one made above has the columns)
+_HAS_DEAD_AT: Final = (
+    "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE()"
+    " AND TABLE_NAME = 'fencing_outbox' AND COLUMN_NAME = 'dead_at'"
+)
+_DEAD_ROWS: Final = (
+    "ALTER TABLE fencing_outbox ADD COLUMN strikes INT NOT NULL DEFAULT 0 AFTER sent_at,"
+    " ADD COLUMN dead_at DOUBLE NULL AFTER strikes,"
+    " MODIFY unsent_kind VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin"
+    " GENERATED ALWAYS AS (IF(sent_at IS NULL AND dead_at IS NULL, kind, NULL)) STORED,"
+    " MODIFY unsent_key VARCHAR(512)"
+    " GENERATED ALWAYS AS (IF(sent_at IS NULL AND dead_at IS NULL, okey, NULL)) STORED,"
+    " ADD KEY fencing_outbox_dead (dead_at)"
+)
 
 
 def migrate() -> Flow[None]:
@@ -66,5 +81,10 @@ def migrate() -> Flow[None]:
             script.add(_APPLIED_BY_KEY)
         if version == 4:  # older: the outbox was just made, with the version 5 indexes
             script.add(_OUTBOX_COVERING)
+        has_dead_at = script.add(_HAS_DEAD_AT)
+        results = yield script.batch()
+        script = Script()
+        if not int(results[has_dead_at].rows[0][0]):
+            script.add(_DEAD_ROWS)
         script.add(_SCHEMA_BUMP, SCHEMA_VERSION, SCHEMA_VERSION)
         yield script.batch()

@@ -66,10 +66,12 @@ CREATE TABLE IF NOT EXISTS fencing_effects (
 
 -- the transactional outbox (schema version 4 and up; fencing._outbox): the columns of
 -- OUTBOX_COLUMNS, then two stored columns that stand in for partial indexes: a row's
--- kind and key while it is unsent (else NULL), so a claim and the stats read unsent
--- rows from their indexes, never the sent history; the indexes cover what a claim's
--- key check (claimed_until) and the stats (created_at) read (schema version 5), so
--- neither looks a row up: a big backlog made the optimizer scan the table instead
+-- kind and key while it is pending: unsent and not dead (else NULL), so a claim and the
+-- stats read pending rows from their indexes, never the sent history nor the dead rows;
+-- the indexes cover what a claim's key check (claimed_until) and the stats (created_at)
+-- read (schema version 5), so neither looks a row up: a big backlog made the optimizer
+-- scan the table instead. Schema version 6 added strikes and dead_at (schema.py's
+-- _DEAD_ROWS upgrades a table of version 4 or 5)
 CREATE TABLE IF NOT EXISTS fencing_outbox (
   id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
   kind VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
@@ -85,12 +87,16 @@ CREATE TABLE IF NOT EXISTS fencing_outbox (
   claimed_by VARCHAR(255) NULL,
   claimed_until DOUBLE NULL,
   sent_at DOUBLE NULL,
+  strikes INT NOT NULL DEFAULT 0,
+  dead_at DOUBLE NULL,
   unsent_kind VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin
-  GENERATED ALWAYS AS (IF(sent_at IS NULL, kind, NULL)) STORED,
-  unsent_key VARCHAR(512) GENERATED ALWAYS AS (IF(sent_at IS NULL, okey, NULL)) STORED,
+  GENERATED ALWAYS AS (IF(sent_at IS NULL AND dead_at IS NULL, kind, NULL)) STORED,
+  unsent_key VARCHAR(512)
+  GENERATED ALWAYS AS (IF(sent_at IS NULL AND dead_at IS NULL, okey, NULL)) STORED,
   KEY fencing_outbox_unsent (unsent_kind, id, created_at),
   KEY fencing_outbox_key (unsent_key, id, claimed_until),
-  KEY fencing_outbox_sent (sent_at)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+  KEY fencing_outbox_sent (sent_at),
+  KEY fencing_outbox_dead (dead_at)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
 -- claim tokens: AUTO_INCREMENT, so a token is never handed out twice (InnoDB keeps
 -- the counter across restarts on MariaDB 10.2.4+ / MySQL 8)

@@ -25,6 +25,7 @@ from ..._outbox import (
     OutboxMessage,
     OutboxRow,
     OutboxStats,
+    check_dead,
     outbox_row,
 )
 from .statements import NOW, quoted
@@ -55,14 +56,14 @@ ADD: Final = (
 #: key's later rows: a claim takes a prefix of each key's rows, never a row past a gap).
 CLAIM: Final = (
     "WITH cand AS (SELECT o.id, o.okey FROM fencing_outbox o WHERE o.sent_at IS NULL"
-    " AND o.kind = %(kind)s AND NOT EXISTS (SELECT 1 FROM fencing_outbox p"
+    " AND o.dead_at IS NULL AND o.kind = %(kind)s AND NOT EXISTS (SELECT 1 FROM fencing_outbox p"
     f" WHERE p.okey = o.okey AND p.sent_at IS NULL AND p.claimed_until > {NOW})"
     " ORDER BY o.id LIMIT %(limit)s FOR UPDATE OF o SKIP LOCKED),"
     " mine AS (SELECT p.id, p.okey, p.kind, p.claimed_until FROM fencing_outbox p"
-    " WHERE p.okey IN (SELECT okey FROM cand) AND p.sent_at IS NULL"
+    " WHERE p.okey IN (SELECT okey FROM cand) AND p.sent_at IS NULL AND p.dead_at IS NULL"
     " AND p.id <= (SELECT max(id) FROM cand) FOR UPDATE OF p SKIP LOCKED),"
     " seen AS (SELECT p.okey, count(*) AS n FROM fencing_outbox p"
-    " WHERE p.okey IN (SELECT okey FROM cand) AND p.sent_at IS NULL"
+    " WHERE p.okey IN (SELECT okey FROM cand) AND p.sent_at IS NULL AND p.dead_at IS NULL"
     " AND p.id <= (SELECT max(id) FROM cand) GROUP BY p.okey),"
     " free AS (SELECT s.okey FROM seen s WHERE s.n = (SELECT count(*) FROM mine m"
     f" WHERE m.okey = s.okey AND (m.claimed_until IS NULL OR m.claimed_until <= {NOW}))),"
@@ -79,18 +80,46 @@ DONE: Final = (
     f"UPDATE fencing_outbox SET sent_at = {NOW}, claimed_until = NULL"
     " WHERE claim_token = %(token)s AND sent_at IS NULL AND id = ANY(%(ids)s::bigint[])"
 )
-RELEASE: Final = (
-    "UPDATE fencing_outbox SET attempts = attempts + 1, last_error = %(error)s,"
+#: give back (release) or give up as dead (bury: ``%(dead)s``, then ``dead_at`` is now)
+GIVE_BACK: Final = (
+    "UPDATE fencing_outbox SET attempts = attempts + 1, strikes = strikes + %(strike)s,"
+    f" last_error = %(error)s, dead_at = CASE WHEN %(dead)s THEN {NOW} END,"
     " claim_token = NULL, claimed_by = NULL, claimed_until = NULL"
-    " WHERE claim_token = %(token)s AND sent_at IS NULL AND id = ANY(%(ids)s::bigint[])"
+    " WHERE claim_token = %(token)s AND sent_at IS NULL AND dead_at IS NULL"
+    " AND id = ANY(%(ids)s::bigint[])"
 )
 LIST: Final = (
-    f"SELECT {_COLUMNS} FROM fencing_outbox WHERE sent_at IS NULL"
+    f"SELECT {_COLUMNS} FROM fencing_outbox WHERE sent_at IS NULL AND dead_at IS NULL"
+    " AND (%(kind)s::text IS NULL OR kind = %(kind)s) ORDER BY id LIMIT %(limit)s"
+)
+LIST_DEAD: Final = (
+    f"SELECT {_COLUMNS} FROM fencing_outbox WHERE sent_at IS NULL AND dead_at IS NOT NULL"
     " AND (%(kind)s::text IS NULL OR kind = %(kind)s) ORDER BY id LIMIT %(limit)s"
 )
 STATS: Final = (
-    f"SELECT count(*), min(created_at), {NOW} FROM fencing_outbox WHERE sent_at IS NULL"
-    " AND (%(kind)s::text IS NULL OR kind = %(kind)s)"
+    "SELECT count(*) FILTER (WHERE dead_at IS NULL),"
+    f" min(created_at) FILTER (WHERE dead_at IS NULL), {NOW},"
+    " count(*) FILTER (WHERE dead_at IS NOT NULL) FROM fencing_outbox"
+    " WHERE sent_at IS NULL AND (%(kind)s::text IS NULL OR kind = %(kind)s)"
+)
+#: retry / drop: the named rows locked, and changed only if every one is there and dead
+#: (one statement: all or nothing); answers each row found, whether it is dead, and how
+#: many were changed
+_NAMED: Final = (
+    "WITH named AS (SELECT id, sent_at IS NULL AND dead_at IS NOT NULL AS dead"
+    " FROM fencing_outbox WHERE id = ANY(%(ids)s::bigint[]) FOR UPDATE),"
+    " ok AS (SELECT count(*) = cardinality(%(ids)s::bigint[]) AND coalesce(bool_and(dead),"
+    " false) AS ok FROM named),"
+)
+RETRY: Final = (
+    f"{_NAMED} done AS (UPDATE fencing_outbox o SET attempts = 0, strikes = 0,"
+    " dead_at = NULL FROM ok WHERE ok.ok AND o.id IN (SELECT id FROM named) RETURNING o.id)"
+    " SELECT named.id, named.dead, (SELECT count(*) FROM done) FROM named"
+)
+DROP: Final = (
+    f"{_NAMED} done AS (DELETE FROM fencing_outbox o USING ok WHERE ok.ok"
+    " AND o.id IN (SELECT id FROM named) RETURNING o.id)"
+    " SELECT named.id, named.dead, (SELECT count(*) FROM done) FROM named"
 )
 PRUNE: Final = (
     f"DELETE FROM fencing_outbox WHERE sent_at IS NOT NULL AND sent_at < {NOW} - %(age)s::float8"
@@ -129,10 +158,41 @@ class PostgresOutboxFlows:
         found = yield from read_only(Query(DONE, {"token": token, "ids": list(ids)}))
         return int(found.rowcount)
 
-    def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> Flow[int]:
-        params = {"token": token, "ids": list(ids), "error": error}
-        found = yield from read_only(Query(RELEASE, params))
+    def outbox_release(
+        self, token: int, ids: Sequence[int], error: str | None, strike: bool
+    ) -> Flow[int]:
+        return self._give_back(token, ids, error, strike, False)
+
+    def outbox_bury(self, token: int, ids: Sequence[int], error: str | None) -> Flow[int]:
+        return self._give_back(token, ids, error, True, True)
+
+    def _give_back(
+        self, token: int, ids: Sequence[int], error: str | None, strike: bool, dead: bool
+    ) -> Flow[int]:
+        params = {
+            "token": token,
+            "ids": list(ids),
+            "error": error,
+            "strike": int(strike),
+            "dead": dead,
+        }
+        found = yield from read_only(Query(GIVE_BACK, params))
         return int(found.rowcount)
+
+    def outbox_dead(self, kind: str | None, limit: int) -> Flow[list[OutboxRow]]:
+        found = yield from read_only(Query(LIST_DEAD, {"kind": kind, "limit": limit}))
+        return [outbox_row(r) for r in found.rows]
+
+    def _named(self, sql: str, ids: Sequence[int], verb: str) -> Flow[int]:
+        found: Answer = yield Query(sql, {"ids": list(ids)})
+        check_dead(ids, {int(i): bool(dead) for i, dead, _ in found.rows}, verb)
+        return int(found.rows[0][2])
+
+    def outbox_retry(self, ids: Sequence[int]) -> Flow[int]:
+        return self._named(RETRY, ids, "retry")
+
+    def outbox_drop(self, ids: Sequence[int]) -> Flow[int]:
+        return self._named(DROP, ids, "drop")
 
     def outbox_list(self, kind: str | None, limit: int) -> Flow[list[OutboxRow]]:
         found = yield from read_only(Query(LIST, {"kind": kind, "limit": limit}))
@@ -140,9 +200,9 @@ class PostgresOutboxFlows:
 
     def outbox_stats(self, kind: str | None) -> Flow[OutboxStats]:
         found = yield from read_only(Query(STATS, {"kind": kind}))
-        count, oldest, now = found.rows[0]
+        count, oldest, now, dead = found.rows[0]
         age = 0.0 if oldest is None else max(0.0, float(now) - float(oldest))
-        return OutboxStats(int(count), age, float(now))
+        return OutboxStats(int(count), age, float(now), int(dead))
 
     def outbox_prune(self, older_than: float) -> Flow[int]:
         found = yield from read_only(Query(PRUNE, {"age": float(older_than)}))

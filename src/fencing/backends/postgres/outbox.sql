@@ -7,7 +7,13 @@ CREATE TABLE IF NOT EXISTS fencing_outbox (
  task TEXT NOT NULL, queue TEXT, payload TEXT NOT NULL, options TEXT NOT NULL,
  okey TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
  attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT, claim_token BIGINT,
- claimed_by TEXT, claimed_until DOUBLE PRECISION, sent_at DOUBLE PRECISION);
+ claimed_by TEXT, claimed_until DOUBLE PRECISION, sent_at DOUBLE PRECISION,
+ strikes INTEGER NOT NULL DEFAULT 0, dead_at DOUBLE PRECISION);
+
+-- schema version 5: a row's strikes toward a relay's dead_after, and when it was given
+-- up as dead (a version 4 table gains them; run again, nothing changes)
+ALTER TABLE fencing_outbox ADD COLUMN IF NOT EXISTS strikes INTEGER NOT NULL DEFAULT 0,
+ ADD COLUMN IF NOT EXISTS dead_at DOUBLE PRECISION;
 
 CREATE SEQUENCE IF NOT EXISTS fencing_outbox_claim AS BIGINT;
 

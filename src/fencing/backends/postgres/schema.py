@@ -16,8 +16,9 @@ __all__ = ["SCHEMA_VERSION", "TABLES", "migrate"]
 
 # 2: fencing_effects (1 -> 2 only added a table and its indexes);
 # 3: an applied intent is keyed by (scope, intent_id, key): an id names work on one key;
-# 4: the outbox (``outbox.sql``: 3 -> 4 only adds a table, a sequence and indexes)
-SCHEMA_VERSION: Final = 4
+# 4: the outbox (``outbox.sql``: 3 -> 4 only adds a table, a sequence and indexes);
+# 5: the outbox's dead rows (``outbox.sql``: 4 -> 5 adds two columns, IF NOT EXISTS)
+SCHEMA_VERSION: Final = 5
 
 
 def _statements(name: str) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from ..._outbox import (
     OutboxMessage,
     OutboxRow,
     OutboxStats,
+    check_dead,
     outbox_row,
 )
 from .steps import txn
@@ -28,11 +29,13 @@ ADD: Final = (
     f" VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING {_COLUMNS}"
 )
 NEW_CLAIM: Final = "INSERT INTO fencing_outbox_claims (relay, claimed_at) VALUES (?, ?)"
-#: unsent rows of a kind, in id order, whose key has no unsent row under a live claim
+#: pending rows of a kind, in id order, whose key has no pending row under a live claim
+#: (a dead row is never claimed, and its claim ended when it died)
 CLAIMABLE: Final = (
     "SELECT o.id FROM fencing_outbox AS o WHERE o.sent_at IS NULL AND o.kind = ?"
-    " AND NOT EXISTS (SELECT 1 FROM fencing_outbox AS p WHERE p.okey = o.okey"
-    " AND p.sent_at IS NULL AND p.claimed_until > ?) ORDER BY o.id LIMIT ?"
+    " AND o.dead_at IS NULL AND NOT EXISTS (SELECT 1 FROM fencing_outbox AS p"
+    " WHERE p.okey = o.okey AND p.sent_at IS NULL AND p.claimed_until > ?)"
+    " ORDER BY o.id LIMIT ?"
 )
 _ONE_OF: Final = "id IN (SELECT value FROM json_each(?))"
 TAKE: Final = (
@@ -43,19 +46,33 @@ DONE: Final = (
     "UPDATE fencing_outbox SET sent_at = ?, claimed_until = NULL"
     f" WHERE claim_token = ? AND sent_at IS NULL AND {_ONE_OF}"
 )
-RELEASE: Final = (
-    "UPDATE fencing_outbox SET attempts = attempts + 1, last_error = ?, claim_token = NULL,"
-    f" claimed_by = NULL, claimed_until = NULL WHERE claim_token = ? AND sent_at IS NULL"
+#: give back (release: ``dead_at`` stays NULL) or give up as dead (bury: the clock)
+GIVE_BACK: Final = (
+    "UPDATE fencing_outbox SET attempts = attempts + 1, strikes = strikes + ?,"
+    " last_error = ?, dead_at = ?, claim_token = NULL, claimed_by = NULL,"
+    " claimed_until = NULL WHERE claim_token = ? AND sent_at IS NULL AND dead_at IS NULL"
     f" AND {_ONE_OF}"
 )
 LIST: Final = (
-    f"SELECT {_COLUMNS} FROM fencing_outbox WHERE sent_at IS NULL"
+    f"SELECT {_COLUMNS} FROM fencing_outbox WHERE sent_at IS NULL AND dead_at IS NULL"
+    " AND (? IS NULL OR kind = ?) ORDER BY id LIMIT ?"
+)
+LIST_DEAD: Final = (
+    f"SELECT {_COLUMNS} FROM fencing_outbox WHERE sent_at IS NULL AND dead_at IS NOT NULL"
     " AND (? IS NULL OR kind = ?) ORDER BY id LIMIT ?"
 )
 STATS: Final = (
-    "SELECT COUNT(*), MIN(created_at) FROM fencing_outbox WHERE sent_at IS NULL"
-    " AND (? IS NULL OR kind = ?)"
+    "SELECT COUNT(*) FILTER (WHERE dead_at IS NULL),"
+    " MIN(created_at) FILTER (WHERE dead_at IS NULL), COUNT(*) FILTER (WHERE dead_at IS NOT NULL)"
+    " FROM fencing_outbox WHERE sent_at IS NULL AND (? IS NULL OR kind = ?)"
 )
+FIND: Final = (
+    f"SELECT id, dead_at IS NOT NULL AND sent_at IS NULL FROM fencing_outbox WHERE {_ONE_OF}"
+)
+RETRY: Final = (
+    f"UPDATE fencing_outbox SET attempts = 0, strikes = 0, dead_at = NULL WHERE {_ONE_OF}"
+)
+DROP: Final = f"DELETE FROM fencing_outbox WHERE {_ONE_OF}"
 PRUNE: Final = "DELETE FROM fencing_outbox WHERE sent_at IS NOT NULL AND sent_at < ?"
 PRUNE_CLAIMS: Final = "DELETE FROM fencing_outbox_claims WHERE claimed_at < ?"
 
@@ -94,11 +111,39 @@ class SQLiteOutboxFlows:
 
         return txn(body)
 
-    def outbox_release(self, token: int, ids: Sequence[int], error: str | None) -> Flow[int]:
+    def outbox_release(
+        self, token: int, ids: Sequence[int], error: str | None, strike: bool
+    ) -> Flow[int]:
         def body(conn: sqlite3.Connection, now: float) -> int:
-            return conn.execute(RELEASE, (error, token, _ids(ids))).rowcount
+            return conn.execute(GIVE_BACK, (int(strike), error, None, token, _ids(ids))).rowcount
 
         return txn(body)
+
+    def outbox_bury(self, token: int, ids: Sequence[int], error: str | None) -> Flow[int]:
+        def body(conn: sqlite3.Connection, now: float) -> int:
+            return conn.execute(GIVE_BACK, (1, error, now, token, _ids(ids))).rowcount
+
+        return txn(body)
+
+    def outbox_dead(self, kind: str | None, limit: int) -> Flow[list[OutboxRow]]:
+        def body(conn: sqlite3.Connection, now: float) -> list[OutboxRow]:
+            return [outbox_row(r) for r in conn.execute(LIST_DEAD, (kind, kind, limit))]
+
+        return txn(body, write=False)
+
+    def _dead_only(self, ids: Sequence[int], verb: str, then: str) -> Flow[int]:
+        def body(conn: sqlite3.Connection, now: float) -> int:
+            found = {int(i): bool(dead) for i, dead in conn.execute(FIND, (_ids(ids),))}
+            check_dead(ids, found, verb)
+            return conn.execute(then, (_ids(ids),)).rowcount
+
+        return txn(body)
+
+    def outbox_retry(self, ids: Sequence[int]) -> Flow[int]:
+        return self._dead_only(ids, "retry", RETRY)
+
+    def outbox_drop(self, ids: Sequence[int]) -> Flow[int]:
+        return self._dead_only(ids, "drop", DROP)
 
     def outbox_list(self, kind: str | None, limit: int) -> Flow[list[OutboxRow]]:
         def body(conn: sqlite3.Connection, now: float) -> list[OutboxRow]:
@@ -108,9 +153,9 @@ class SQLiteOutboxFlows:
 
     def outbox_stats(self, kind: str | None) -> Flow[OutboxStats]:
         def body(conn: sqlite3.Connection, now: float) -> OutboxStats:
-            count, oldest = conn.execute(STATS, (kind, kind)).fetchone()
+            count, oldest, dead = conn.execute(STATS, (kind, kind)).fetchone()
             age = 0.0 if oldest is None else max(0.0, now - float(oldest))
-            return OutboxStats(int(count), age, now)
+            return OutboxStats(int(count), age, now, int(dead))
 
         return txn(body, write=False)
 

@@ -11,7 +11,8 @@ from ..._errors import SchemaError
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "migrate"]
 
-SCHEMA_VERSION: Final = 4  # 2: effects; 3: applied intents by (scope, id, key); 4: outbox
+# 2: effects; 3: applied intents by (scope, id, key); 4: outbox; 5: the outbox's dead rows
+SCHEMA_VERSION: Final = 5
 
 # 2 -> 3: rebuild fencing_applied with (scope, intent_id, key) as its primary key
 _APPLIED_BY_KEY: Final = (
@@ -23,6 +24,12 @@ _APPLIED_BY_KEY: Final = (
     "ALTER TABLE fencing_applied_v3 RENAME TO fencing_applied",
     "CREATE INDEX IF NOT EXISTS fencing_applied_at ON fencing_applied (applied_at)",
 )
+# 4 -> 5: a row's strikes toward a relay's dead_after, and when it was given up as dead
+_DEAD_ROWS: Final = (
+    "ALTER TABLE fencing_outbox ADD COLUMN strikes INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE fencing_outbox ADD COLUMN dead_at REAL",
+)
+_OUTBOX_COLUMNS: Final = "SELECT name FROM pragma_table_info('fencing_outbox')"
 
 
 def _ddl() -> list[str]:
@@ -51,6 +58,10 @@ def migrate(conn: sqlite3.Connection, now: float) -> None:
     elif row[0] < SCHEMA_VERSION:  # 1 -> 2 and 3 -> 4 only added tables, made above
         if row[0] < 3:  # 2 -> 3: the applied intents' key joins their primary key
             for statement in _APPLIED_BY_KEY:
+                conn.execute(statement)
+        # 4 -> 5: a version 4 outbox gains its columns (one made above has them)
+        if "dead_at" not in {name for (name,) in conn.execute(_OUTBOX_COLUMNS)}:
+            for statement in _DEAD_ROWS:
                 conn.execute(statement)
         conn.execute(
             "UPDATE fencing_schema SET version = ? WHERE component = 'core'", (SCHEMA_VERSION,)

@@ -1,4 +1,4 @@
--- fencing's own tables on SQLite (schema version 3). Keys have no declared type, so a
+-- fencing's own tables on SQLite (schema version 5). Keys have no declared type, so a
 -- string key and an integer key are stored as what they are.
 CREATE TABLE IF NOT EXISTS fencing_schema (
     component TEXT PRIMARY KEY,
@@ -70,7 +70,9 @@ CREATE TABLE IF NOT EXISTS fencing_outbox (
     claim_token INTEGER,
     claimed_by TEXT,
     claimed_until REAL,
-    sent_at REAL
+    sent_at REAL,
+    strikes INTEGER NOT NULL DEFAULT 0,
+    dead_at REAL
 );
 CREATE INDEX IF NOT EXISTS fencing_outbox_unsent ON fencing_outbox (kind, id)
     WHERE sent_at IS NULL;
