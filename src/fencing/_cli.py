@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         (
             "outbox",
             "fencing.contrib._cli_outbox",
-            "list pending outbox rows with their age; --fail-if-older SECONDS for a monitor",
+            "list pending outbox rows with their age, or --dead rows (--retry/--drop ID);"
+            " --fail-if-older SECONDS, --fail-if-dead for a monitor",
         ),
         (
             "inspect",

@@ -73,6 +73,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="prune rows sent more than this many seconds ago (7 days)",
     )
     parser.add_argument(
+        "--dead-after",
+        type=_dead_after,
+        default=10,
+        metavar="N|never",
+        help="give a row up as dead after N failed publishes while the broker took other rows"
+        " (a poison row; its key's later rows then go on without it); never: hold its key"
+        " back until it is published (10)",
+    )
+    parser.add_argument(
         "--quiet",
         action="store_true",
         help="no progress line (shown on stderr with --once, and on a terminal), only the"
@@ -84,6 +93,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="warning",
         help="log level of the fencing.relay logger on stderr (info: one line per publish)",
     )
+
+
+def _dead_after(text: str) -> int | None:
+    if text.strip().lower() in ("never", "none", "0"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of strikes or 'never', not {text!r}") from None
+    if not 1 <= value <= 10_000:
+        raise argparse.ArgumentTypeError("from 1 to 10000, or 'never'")
+    return value
 
 
 def load_app(spec: str) -> Any:
@@ -162,6 +183,8 @@ class _Progress:
         if not self.enabled:
             return
         detail = f"failed {totals.failed}" if totals.failed else ""
+        if totals.dead:
+            detail += f" dead {totals.dead}"
         if self.bar is None:
             print(f"published {totals.published}, failed {totals.failed}", file=sys.stderr)
             return
@@ -184,7 +207,8 @@ def _progress(args: argparse.Namespace, backlog: int) -> _Progress:
 def _summary(totals: Any, backlog: Any) -> str:
     return (
         f"published {totals.published} row(s), marked {totals.marked}, failed {totals.failed},"
-        f" held back {totals.held}; {backlog.pending} pending (oldest {backlog.oldest_age:.1f}s)"
+        f" held back {totals.held}, dead {totals.dead}; {backlog.pending} pending (oldest"
+        f" {backlog.oldest_age:.1f}s), {backlog.dead} dead in all"
     )
 
 
@@ -248,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
             poll=args.poll,
             ttl=args.ttl,
             retention=args.retention,
+            dead_after=args.dead_after,
             waker=_waker(store, args),
         )
         progress = _progress(args, relay.backlog().pending)
@@ -294,6 +319,7 @@ async def _run_async(args: argparse.Namespace, app: Any, terminate: _Terminate) 
             poll=args.poll,
             ttl=args.ttl,
             retention=args.retention,
+            dead_after=args.dead_after,
             waker=_waker(store, args),
         )
         progress = _progress(args, (await relay.backlog()).pending)

@@ -208,6 +208,8 @@ class BatchCounts:
     lost: int = 0
     #: rows given up as dead (``dead_after`` strikes)
     dead: int = 0
+    #: of ``held``, rows left unattempted after ``max_failures`` failures in a row
+    untried: int = 0
 
 
 @dataclass(slots=True)
@@ -358,6 +360,7 @@ def batch(cfg: RelayConfig, counts: BatchCounts, suspects: set[int] | None = Non
         if stop_reason is not None:
             back(stop_reason, row)
             counts.held += 1
+            counts.untried += stop_reason != LAPSING
             continue
         if row.key in stopped_keys:
             back(HELD, row)
@@ -432,7 +435,8 @@ def drain(
 ) -> Flow:
     """Prune sent rows past the retention, then batches until a claim finds nothing, or
     a batch publishes nothing (the broker is down, or every row left is another live
-    relay's: up to ``FRUITLESS`` such batches if each failed rows not failing before);
+    relay's; up to ``FRUITLESS`` such batches if each failed ``max_failures`` rows not
+    failing before and left rows behind them untried);
     returns ``totals``."""
     suspects = set() if suspects is None else suspects
     totals.pruned += int((yield Prune()))
@@ -448,7 +452,7 @@ def drain(
             return totals
         if counts.published == 0:
             fruitless += 1
-            if fruitless >= FRUITLESS or suspects <= known:
+            if fruitless >= FRUITLESS or suspects <= known or not counts.untried:
                 return totals
         else:
             fruitless = 0
