@@ -392,6 +392,25 @@ def test_a_schema_2_store_reaches_the_current_schema_through_the_operation(
     assert site.fencing_tables() == set()
 
 
+def test_a_schema_4_outbox_gains_its_dead_rows_through_the_operation(
+    site: Site, tmp_path: Path
+) -> None:
+    from ..test_outbox_dead import _V4
+
+    env = Environment(site, tmp_path / "migrations")
+    command.upgrade(env.config, "head")
+    site.run_in_fencing_schema(*_V4[site.name], "UPDATE fencing_schema SET version = 4")
+    schema = f"schema={site.schema!r}" if site.schema else ""
+    env.add("0002", "0001", f"    upgrade_fencing(op, {schema})", "    pass")
+    command.upgrade(env.config, "head")
+    assert site.run_in_fencing_schema("SELECT version FROM fencing_schema") == [[(5,)]]
+    (found,) = site.run_in_fencing_schema("SELECT strikes, dead_at FROM fencing_outbox")
+    assert found == []  # the columns are there
+    command.upgrade(env.config, "head")  # nothing more to do
+    command.downgrade(env.config, "base")
+    assert site.fencing_tables() == set()
+
+
 # -- the hooks and the refusals, without a server ------------------------------------------
 def test_hooks_leave_out_fencing_tables_in_any_schema_and_compose() -> None:
     metadata = sqlalchemy.MetaData()
