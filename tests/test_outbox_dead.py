@@ -82,7 +82,7 @@ def test_retry_puts_dead_rows_back_and_drop_deletes_them(store: Any) -> None:
 
 
 def test_retry_and_drop_take_every_row_or_none(store: Any) -> None:
-    (a1, a2, b1), claim = _three(store)
+    (a1, a2, _), claim = _three(store)
     store.outbox.bury(claim, [a1], "poison")
     with pytest.raises(UnknownOutboxRow) as unknown:
         store.outbox.retry([a1.id, 999_999])
