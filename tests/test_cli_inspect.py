@@ -206,7 +206,7 @@ def test_stats_cli_on_every_shared_store(
     if shared_backend_name.startswith("redis"):
         assert shown["outbox"] is None  # Redis has no outbox table
     else:
-        assert shown["outbox"] == {"pending": 0, "oldest_age": 0.0}
+        assert shown["outbox"] == {"pending": 0, "oldest_age": 0.0, "dead": 0}
     assert main(["stats", url, "--json"]) == 0
     assert _json(capsys) == shown | {"collections": shown["collections"]}
 
@@ -220,6 +220,7 @@ def test_stats_counts_the_outbox(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["stats", url, "--json"]) == 0
     shown = _json(capsys)
     assert shown["outbox"]["pending"] == 1 and shown["outbox"]["oldest_age"] >= 0
+    assert shown["outbox"]["dead"] == 0
     assert [(r["name"], r["records"], r["applied"]) for r in shown["collections"]] == [
         ("orders", 1, 0)
     ]

@@ -34,7 +34,11 @@ def stats(store: Store) -> dict[str, Any]:
     except ConfigurationError:  # a store without an outbox table (Redis)
         outbox = None
     else:
-        outbox = {"pending": backlog.pending, "oldest_age": round(backlog.oldest_age, 3)}
+        outbox = {
+            "pending": backlog.pending,
+            "oldest_age": round(backlog.oldest_age, 3),
+            "dead": backlog.dead,
+        }
     return {
         "store": store.backend.scheme,
         "collections": [
@@ -103,7 +107,8 @@ def _table(shown: dict[str, Any]) -> bool:
     backlog = (
         "no outbox on this store"
         if outbox is None
-        else f"outbox: {outbox['pending']} pending, oldest {outbox['oldest_age']:g} s"
+        else f"outbox: {outbox['pending']} pending, oldest {outbox['oldest_age']:g} s,"
+        f" {outbox['dead']} dead"
     )
     console.print(f"leases held: {shown['leases_held']} in all; {backlog}")
     return True
