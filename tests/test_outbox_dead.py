@@ -166,3 +166,15 @@ def test_a_schema_4_outbox_gains_dead_rows_on_migrate(sql_url: tuple[str, str]) 
         # the dead row no longer holds its key back, on the upgraded table too
         claim = store.outbox.claim("r", "celery")
         assert later.id == second.id and [r.id for r in claim.rows] == [second.id]
+
+
+@pytest.mark.backends(only=lambda name: name.startswith("redis"))
+def test_a_store_without_an_outbox_table_has_no_dead_rows_either(store: Any) -> None:
+    for call in (
+        lambda: store.outbox.dead(),
+        lambda: store.outbox.retry([1]),
+        lambda: store.outbox.drop([1]),
+        lambda: store.outbox.bury(1, [1], "poison"),
+    ):
+        with pytest.raises(fencing.ConfigurationError, match="SQL stores"):
+            call()

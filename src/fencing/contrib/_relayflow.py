@@ -10,7 +10,8 @@ step                what the driver does                        result
 ``Claim``           ``store.outbox.claim(relay, kind, ...)``    ``OutboxClaim``
 ``Publish(row)``    the publisher's ``publish(row)``            None, or ``Failed``
 ``Done(t, ids)``    ``store.outbox.done(t, ids)``               rows marked
-``Release(...)``    ``store.outbox.release(t, ids, error, ...)``rows given back
+``Release(...)``    ``store.outbox.release(t, ids, error)``     rows given back
+                    (``strike``: each a strike too)
 ``Bury(...)``       ``store.outbox.bury(t, ids, error)``        rows given up as dead
 ``Prune``           ``store.outbox.prune(retention)``           rows deleted
 ``Clock``           ``time.monotonic()``                        seconds
