@@ -358,14 +358,14 @@ def batch(cfg: RelayConfig, counts: BatchCounts, suspects: set[int] | None = Non
             counts.lost += len(ids) - int(marked)
 
     for row in _in_order(claim.rows, suspects):
+        if row.key in stopped_keys:
+            back(HELD, row)
+            counts.held += 1
+            continue
         if stop_reason is not None:
             back(stop_reason, row)
             counts.held += 1
             counts.untried += stop_reason != LAPSING
-            continue
-        if row.key in stopped_keys:
-            back(HELD, row)
-            counts.held += 1
             continue
         now: float = yield Clock()
         if now - started > cfg.ttl * cfg.claim_margin:
