@@ -178,3 +178,21 @@ def test_a_store_without_an_outbox_table_has_no_dead_rows_either(store: Any) -> 
     ):
         with pytest.raises(fencing.ConfigurationError, match="SQL stores"):
             call()
+
+
+@pytest.mark.backends(only=lambda name: name == "postgresql")
+@pytest.mark.apis(only=["sync"])
+def test_a_row_put_back_wakes_the_listening_relays(store: Any) -> None:
+    (a1, _, _), claim = _three(store)
+    store.outbox.bury(claim, [a1], "poison")
+    waker = store.backend.outbox_waiter(kind="celery")
+    try:
+        waker.listen()
+        assert waker.wait(0.05) is False
+        store.outbox.retry([a1])
+        assert waker.wait(30) is True  # a relay waiting on LISTEN claims it at once
+        with pytest.raises(OutboxRowNotDead):
+            store.outbox.retry([a1])
+        assert waker.wait(0.2) is False  # a refused retry notifies nothing
+    finally:
+        waker.close()

@@ -111,10 +111,14 @@ _NAMED: Final = (
     " ok AS (SELECT count(*) = cardinality(%(ids)s::bigint[]) AND coalesce(bool_and(dead),"
     " false) AS ok FROM named),"
 )
+#: (a row put back wakes the relays listening, as a sent one does)
 RETRY: Final = (
     f"{_NAMED} done AS (UPDATE fencing_outbox o SET attempts = 0, strikes = 0,"
-    " dead_at = NULL FROM ok WHERE ok.ok AND o.id IN (SELECT id FROM named) RETURNING o.id)"
-    " SELECT named.id, named.dead, (SELECT count(*) FROM done) FROM named"
+    " dead_at = NULL FROM ok WHERE ok.ok AND o.id IN (SELECT id FROM named)"
+    " RETURNING o.id, o.kind)"
+    " SELECT named.id, named.dead, (SELECT count(*) FROM done),"
+    f" (SELECT count(pg_notify('{CHANNEL}', k.kind)) FROM (SELECT DISTINCT kind FROM done) k)"
+    " FROM named"
 )
 DROP: Final = (
     f"{_NAMED} done AS (DELETE FROM fencing_outbox o USING ok WHERE ok.ok"
@@ -185,7 +189,7 @@ class PostgresOutboxFlows:
 
     def _named(self, sql: str, ids: Sequence[int], verb: str) -> Flow[int]:
         found: Answer = yield Query(sql, {"ids": list(ids)})
-        check_dead(ids, {int(i): bool(dead) for i, dead, _ in found.rows}, verb)
+        check_dead(ids, {int(i): bool(r[0]) for i, *r in found.rows}, verb)
         return int(found.rows[0][2])
 
     def outbox_retry(self, ids: Sequence[int]) -> Flow[int]:
