@@ -159,6 +159,11 @@ def test_watch_reads_effects_to_reconcile_and_the_outbox(
     store.outbox.send(rq_unit_jobs.ship, orders.get("o-1"), "ship")
     assert value(registry, "fencing_outbox_pending", store="shop") == 1
     assert value(registry, "fencing_outbox_oldest_age_seconds", store="shop") >= 0
+    assert value(registry, "fencing_outbox_dead", store="shop") == 0
+    claim = store.outbox.claim("relay", "rq")
+    assert store.outbox.bury(claim, claim.rows, "poison") == 1  # a relay gave it up
+    assert value(registry, "fencing_outbox_dead", store="shop") == 1
+    assert value(registry, "fencing_outbox_pending", store="shop") == 0
     with pytest.raises(fencing.InvalidInput):
         prometheus.watch(object(), registry=registry)
     with pytest.raises(fencing.InvalidInput):

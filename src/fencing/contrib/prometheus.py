@@ -167,6 +167,11 @@ class _StoreGauges:
             "Age of the oldest unsent outbox row, by the store's clock",
             labels=["store"],
         )
+        dead = GaugeMetricFamily(
+            "fencing_outbox_dead",
+            "Outbox rows a relay gave up as dead (poison rows: alert on any)",
+            labels=["store"],
+        )
         try:
             effects.add_metric([self.label], len(self.store.effects_to_reconcile(limit=self.limit)))
             yield effects
@@ -178,8 +183,10 @@ class _StoreGauges:
             return  # a store without an outbox (memory, Redis), or not migrated
         pending.add_metric([self.label], stats.pending)
         age.add_metric([self.label], stats.oldest_age)
+        dead.add_metric([self.label], stats.dead)
         yield pending
         yield age
+        yield dead
 
 
 def watch(
