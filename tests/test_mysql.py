@@ -685,7 +685,7 @@ def test_store_before_effects_gains_them_on_migrate(opener: Opener, mysql_url: s
         bare.collection("orders").effect(late, "charge")
 
     store = opener()  # migrates: the table and its indexes appear, the version moves on
-    assert _sql(mysql_url, "SELECT component, version FROM fencing_schema") == [("core", 5)]
+    assert _sql(mysql_url, "SELECT component, version FROM fencing_schema") == [("core", 6)]
     indexes = _sql(
         mysql_url,
         "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS"
@@ -702,7 +702,7 @@ def test_store_before_effects_gains_them_on_migrate(opener: Opener, mysql_url: s
     marked = store.mark_reconciled(listed)
 
     store.migrate()  # again: nothing changes, nothing is lost
-    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(5,)]
+    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(6,)]
     assert store.get_effect(fx.idempotency_key) == marked
     assert store.effects_to_reconcile() == []
 
@@ -743,7 +743,7 @@ def test_outbox_of_version_4_gains_covering_indexes_on_migrate(
     )
     _sql(mysql_url, "UPDATE fencing_schema SET version = 4")
     store = opener()  # migrates
-    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(5,)]
+    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(6,)]
     assert _outbox_indexes(mysql_url) == covering
     assert [r.key for r in store.outbox.pending()] == ["k1"]  # nothing lost
     store.migrate()  # again: nothing changes
