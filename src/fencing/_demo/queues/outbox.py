@@ -67,6 +67,7 @@ from .runner import (
     _Progress,
     _Sender,
     _wait_ready,
+    tally,
     worker_env,
 )
 
@@ -256,20 +257,11 @@ class _Run:
 
     def _note(self, event: dict[str, Any], result: RunResult) -> None:
         self.last_event = time.monotonic()
-        task, verdict = int(event["task"]), str(event["verdict"])
+        task = int(event["task"])
         self.seen.add(task)
         self._release(task)
-        if verdict == "paused":
+        if not tally(event, result):
             return
-        result.deliveries += 1
-        if verdict in ("crash", "retry"):
-            result.retries += 1
-            result.crashes += verdict == "crash"
-            return
-        if verdict == "error":
-            result.errors.append(str(event.get("detail", "")))
-        if verdict == "gave_up":
-            result.gave_up += 1
         self.ended[task] = self.ended.get(task, 0) + 1
         if self.ended[task] == 1:
             self.on_progress(1)

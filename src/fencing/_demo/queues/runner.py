@@ -151,23 +151,32 @@ class _Run:
         result.seconds = time.monotonic() - start
 
     def _note(self, event: dict[str, Any], now: float, result: RunResult) -> None:
-        task, verdict = int(event["task"]), str(event["verdict"])
+        task = int(event["task"])
         self._release(task, now)  # paused, or over without pausing: the takeover may go
-        if verdict == "paused":
+        if not tally(event, result):
             return
-        result.deliveries += 1
-        if verdict in ("crash", "retry"):
-            result.retries += 1
-            result.crashes += verdict == "crash"
-            return
-        if verdict == "error":
-            result.errors.append(str(event.get("detail", "")))
-        if verdict == "gave_up":
-            result.gave_up += 1
         self.ended[task] = self.ended.get(task, 0) + 1
         if self.ended[task] == self.expected[task]:
             self.completed += 1
             self.on_progress(1)
+
+
+def tally(event: dict[str, Any], result: RunResult) -> bool:
+    """Count one worker event (a delivery's verdict) into ``result``; True when the
+    delivery ended its task (not paused, crashed or retried)."""
+    verdict = str(event["verdict"])
+    if verdict == "paused":
+        return False
+    result.deliveries += 1
+    if verdict in ("crash", "retry"):
+        result.retries += 1
+        result.crashes += verdict == "crash"
+        return False
+    if verdict == "error":
+        result.errors.append(str(event.get("detail", "")))
+    if verdict == "gave_up":
+        result.gave_up += 1
+    return True
 
 
 def _merge(control: Path, mode: str) -> list[dict[str, Any]]:
