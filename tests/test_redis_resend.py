@@ -143,15 +143,20 @@ def _keys(served: Served, shape: str) -> list[str]:
     raise AssertionError("no such key")
 
 
-@pytest.mark.parametrize("shape", ["one", "one node", "two nodes"])
+@pytest.mark.parametrize(
+    ("served", "shape"),
+    [
+        *(("standalone", shape) for shape in ("one", "one node")),  # one server: one node
+        *(("cluster", shape) for shape in ("one", "one node", "two nodes")),
+    ],
+    indirect=["served"],
+)
 def test_a_commit_whose_reply_is_lost_is_sent_once(
     served: Served, opener: Callable[[Served], Any], shape: str
 ) -> None:
     """The server ran the commit (a batch: every item on the node of the first key) and
     the reply was lost: ``TransientStoreError``, each script sent once, each record
     written once; the retry with the same intents answers ``Duplicate``."""
-    if shape == "two nodes" and not served.cluster:
-        pytest.skip("one server has one node")
     store = opener(served)
     orders = store.collection("orders")
     keys = _keys(served, shape)
