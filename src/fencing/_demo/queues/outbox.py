@@ -32,9 +32,7 @@ import dataclasses
 import random
 import shutil
 import sqlite3
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
@@ -54,7 +52,7 @@ from ..scenario import (
 )
 from ._broker import broker_url
 from ._tasks import Settings, intent_id
-from .modules import crashes, preflight
+from .modules import preflight
 from .processes import Workers
 from .relay import Relays
 from .runner import (
@@ -67,6 +65,7 @@ from .runner import (
     _Progress,
     _Sender,
     _wait_ready,
+    run_setup,
     tally,
     worker_env,
 )
@@ -368,24 +367,8 @@ def run_outbox_demo(
     url = broker_url(config)
     specs = make_schedule(config.seed, config.tasks, config.keys)
     lose = losses(config.seed, specs)
-    temp = Path(tempfile.mkdtemp(prefix="fencing-demo-"))
-    control = temp / "control"
-    control.mkdir()
-    run_id = uuid.uuid4().hex[:10]
-    db = temp / "demo.db"
-    settings = Settings(
-        run_id=run_id,
-        store=f"sqlite:///{db}",
-        control=str(control),
-        broker=url,
-        queue=f"fencing-demo-{run_id}",
-        seed=config.seed,
-        tasks=config.tasks,
-        keys=config.keys,
-        crash=crashes(queue),
-    )
-    history_dir = Path(config.history_dir) if config.history_dir else temp
-    history_dir.mkdir(parents=True, exist_ok=True)
+    temp, settings, history_dir = run_setup(config, url, None)
+    control, run_id, db = Path(settings.control), settings.run_id, temp / "demo.db"
     sender: _Sender | None = None
     workers: Workers | None = None
     relays: Relays | None = None

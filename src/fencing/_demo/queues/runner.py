@@ -241,6 +241,31 @@ def worker_env(settings: Settings, sender: _Sender) -> dict[str, str]:
     return env
 
 
+def run_setup(config: DemoConfig, broker: str, store: str | None) -> tuple[Path, Settings, Path]:
+    """A run's temporary directory (its control directory and, without ``store``, its
+    SQLite store ``demo.db``), the settings its processes share, and where the
+    histories go."""
+    assert config.queue is not None
+    temp = Path(tempfile.mkdtemp(prefix="fencing-demo-"))
+    control = temp / "control"
+    control.mkdir()
+    run_id = uuid.uuid4().hex[:10]
+    settings = Settings(
+        run_id=run_id,
+        store=store or f"sqlite:///{temp / 'demo.db'}",
+        control=str(control),
+        broker=broker,
+        queue=f"fencing-demo-{run_id}",
+        seed=config.seed,
+        tasks=config.tasks,
+        keys=config.keys,
+        crash=crashes(config.queue),
+    )
+    history_dir = Path(config.history_dir) if config.history_dir else temp
+    history_dir.mkdir(parents=True, exist_ok=True)
+    return temp, settings, history_dir
+
+
 def run_queue_demo(
     config: DemoConfig,
     on_start: Callable[[str, int], None] | None = None,
@@ -252,24 +277,8 @@ def run_queue_demo(
     module = preflight(config)
     url = broker_url(config)
     specs = make_schedule(config.seed, config.tasks, config.keys)
-    temp = Path(tempfile.mkdtemp(prefix="fencing-demo-"))
-    control = temp / "control"
-    control.mkdir()
-    run_id = uuid.uuid4().hex[:10]
-    store_url = config.store or f"sqlite:///{temp / 'demo.db'}"
-    settings = Settings(
-        run_id=run_id,
-        store=store_url,
-        control=str(control),
-        broker=url,
-        queue=f"fencing-demo-{run_id}",
-        seed=config.seed,
-        tasks=config.tasks,
-        keys=config.keys,
-        crash=crashes(queue),
-    )
-    history_dir = Path(config.history_dir) if config.history_dir else temp
-    history_dir.mkdir(parents=True, exist_ok=True)
+    temp, settings, history_dir = run_setup(config, url, config.store)
+    store_url, control, run_id = settings.store, Path(settings.control), settings.run_id
     sender: _Sender | None = None
     workers: Workers | None = None
     results: dict[str, RunResult] = {}
