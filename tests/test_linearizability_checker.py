@@ -244,6 +244,23 @@ def test_a_lease_may_expire_but_tokens_never_go_back() -> None:
     assert check_linearizable(wrong).ok is False
 
 
+def test_a_superseded_token_cannot_release_the_newer_holders_lease() -> None:
+    """Token 1 ran out and token 2 was granted: token 1's release is refused and token 2
+    still holds the lease. A history where token 1's release succeeded (freeing the
+    newer holder's lease) is not linearizable (issue 23's survivor)."""
+    name = {"name": "L"}
+    h = [
+        op("acquire", name, {"token": 1}, 10, 11),
+        op("acquire", name, {"token": 2}, 20, 21),  # token 1's TTL ran out
+        op("release", {"name": "L", "token": 1}, False, 30, 31),
+        op("acquire", name, "held", 40, 41),  # token 2 holds it still
+    ]
+    assert_linearizable(h)
+    assert_caught(planted(h, 2, True), 2)  # the old token freed the new holder's lease
+    # the same answer with nothing after it: a release of token 1 can never succeed
+    assert check_linearizable(planted(h[:3], 2, True)).ok is False
+
+
 def test_partitions_are_judged_apart_and_named() -> None:
     good = [
         op("create", {"key": A, "state": {}}, {"version": 1}, 0, 5),

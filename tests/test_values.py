@@ -1217,3 +1217,29 @@ def test_heartbeat_flow_retries_errors_for_one_ttl() -> None:
         errors += 1
     assert errors == 2  # retried at +1 s and +2 s, given up at +3 s (a whole TTL)
     assert "renewal failed" in reason and "connection refused" in reason
+
+
+def test_heartbeat_flow_counts_errors_from_the_last_renewal_not_the_start() -> None:
+    """A job that has run for many TTLs renewing fine is not lost at its first error:
+    the TTL of grace runs from the last successful renewal (issue 23's survivor)."""
+    clock = FakeClock()
+    flow = heartbeat_flow(3.0, 1.0, clock)
+    step = next(flow)
+    for _ in range(10):  # ten seconds of good renewals: more than three TTLs
+        assert isinstance(step, Sleep)
+        clock.now += step.seconds
+        assert isinstance(flow.send(None), RenewStep)
+        step = flow.send(True)
+    errors = 0
+    while True:
+        assert isinstance(step, Sleep)
+        clock.now += step.seconds
+        assert isinstance(flow.send(None), RenewStep)
+        try:
+            step = flow.send(OSError("connection refused"))
+        except StopIteration as stop:
+            reason = stop.value
+            break
+        errors += 1
+    assert errors == 2  # +1 s and +2 s after the last renewal retried; lost at +3 s
+    assert "renewal failed" in reason

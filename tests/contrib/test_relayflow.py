@@ -1,0 +1,130 @@
+"""The relay's flow (``fencing.contrib._relayflow``) driven by hand: no store, no broker,
+a fake clock. Each step the flow yields is answered by a script, so a property that
+needs time to pass (a claim near its deadline, a backoff after an outage) is exact.
+
+What they prove: a claim publishes nothing once ``ttl * claim_margin`` of its own clock
+has passed (and still publishes up to that point); the backoff streak starts over after
+a batch that published, so an outage late in a relay's life backs off from the base.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fencing._outbox import OutboxClaim, OutboxRow
+from fencing.contrib._options import Backoff
+from fencing.contrib._relayflow import (
+    LAPSING,
+    BatchCounts,
+    Claim,
+    Clock,
+    Done,
+    Failed,
+    Prune,
+    Publish,
+    RelayConfig,
+    RelayCounts,
+    Release,
+    Stopping,
+    Wait,
+    batch,
+    loop,
+)
+
+
+def row(id: int, key: str) -> OutboxRow:
+    return OutboxRow(
+        id, "celery", "ship", None, "{}", {}, key, 0.0, 0, None, None, None, None, None
+    )
+
+
+def drive(flow: Any, answer: Callable[[Any], Any]) -> Any:
+    """Run ``flow`` to its end, answering each step with ``answer(step)``."""
+    try:
+        step = next(flow)
+        while True:
+            step = flow.send(answer(step))
+    except StopIteration as stop:
+        return stop.value
+
+
+def test_a_claim_near_its_deadline_publishes_no_more() -> None:
+    """With ``ttl=10`` and ``claim_margin=0.8``, a row reached 8 s after the claim is
+    published, one reached at 8.5 s (the claim still has 1.5 s to live) is not: it is
+    given back, as is every row after it."""
+    cfg = RelayConfig("r", "celery", ttl=10.0, claim_margin=0.8)
+    rows = (row(1, "a"), row(2, "b"), row(3, "c"), row(4, "d"))
+    # the clock: claimed at 100; rows reached at 101, 108 (the margin exactly), 108.5
+    times = iter([100.0, 101.0, 101.5, 108.0, 108.2, 108.5])
+    published: list[int] = []
+    released: list[Release] = []
+
+    def answer(step: Any) -> Any:
+        if isinstance(step, Claim):
+            return OutboxClaim(7, rows, until=110.0, now=100.0)
+        if isinstance(step, Clock):
+            return next(times)
+        if isinstance(step, Publish):
+            published.append(step.row.id)
+            return None
+        if isinstance(step, Done):
+            return len(step.ids)
+        if isinstance(step, Release):
+            released.append(step)
+            return len(step.ids)
+        raise AssertionError(step)
+
+    counts = drive(batch(cfg, BatchCounts()), answer)
+    assert published == [1, 2]
+    assert (counts.published, counts.marked, counts.held, counts.untried) == (2, 2, 2, 0)
+    assert released == [Release(7, (3, 4), LAPSING)]
+
+
+class Script:
+    """Answers ``loop``'s steps: one row per claim, published or failed as ``outcomes``
+    says (True: the broker took it); records every ``Wait``; stops when they run out."""
+
+    def __init__(self, outcomes: list[bool]) -> None:
+        self.outcomes = list(outcomes)
+        self.ok = True
+        self.now = 0.0
+        self.waits: list[Wait] = []
+        self.next_id = 1
+
+    def __call__(self, step: Any) -> Any:
+        if isinstance(step, Stopping):
+            return not self.outcomes
+        if isinstance(step, Clock):
+            self.now += 0.001
+            return self.now
+        if isinstance(step, Prune):
+            return 0
+        if isinstance(step, Claim):
+            self.ok = self.outcomes.pop(0)
+            claimed = (row(self.next_id, f"k{self.next_id}"),)
+            self.next_id += 1
+            return OutboxClaim(1, claimed, until=self.now + 30, now=self.now)
+        if isinstance(step, Publish):
+            return None if self.ok else Failed(ConnectionError("broker down"))
+        if isinstance(step, Done | Release):
+            return len(step.ids)
+        if isinstance(step, Wait):
+            self.waits.append(step)
+            return None
+        raise AssertionError(step)
+
+
+def test_the_backoff_starts_over_after_a_batch_that_published() -> None:
+    """Four failed batches back off 1, 2, 4, 8 s (jittered to their upper half); a good
+    batch then resets the streak, so the next failure waits 1 s again, not 16 s."""
+    cfg = RelayConfig("r", "celery", batch=10, poll=0.25, backoff=Backoff(1.0, 1000.0))
+    script = Script([False, False, False, False, True, False])
+    drive(loop(cfg, RelayCounts()), script)
+    waits = [(w.seconds, w.wake) for w in script.waits]
+    assert len(waits) == 6
+    for (seconds, wake), ceiling in zip(waits[:4], (1, 2, 4, 8), strict=True):
+        assert ceiling / 2 <= seconds <= ceiling and wake is False
+    assert waits[4] == (0.25, True)  # the good batch: the poll, wakeable
+    seconds, wake = waits[5]
+    assert 0.5 <= seconds <= 1.0 and wake is False
