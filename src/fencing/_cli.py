@@ -148,15 +148,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        code = _main(argv)
+        try:
+            code = _main(argv)
+        except SystemExit:  # argparse's --help, --version and usage errors
+            sys.stdout.flush()  # what they printed, out here too
+            raise
         sys.stdout.flush()  # here, so a reader that went away is seen here
         return code
     except BrokenPipeError:
-        # `fencing stats URL | head`: the reader closed the pipe; no traceback, and
-        # nothing more written (the interpreter's own last flush would fail again)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141  # 128 + SIGPIPE, as a shell reports a command the pipe ended
+        return _reader_gone()
+    except SystemExit as exc:
+        # rich's console meets a broken pipe with SystemExit(1), raised while handling it
+        if isinstance(exc.__context__, BrokenPipeError):
+            return _reader_gone()
+        raise
+
+
+def _reader_gone() -> int:
+    """``fencing stats URL | head``: the reader closed the pipe; no traceback, and
+    nothing more written (the interpreter's own last flush would fail again)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141  # 128 + SIGPIPE, as a shell reports a command the pipe ended
 
 
 def _main(argv: Sequence[str] | None) -> int:
