@@ -433,6 +433,104 @@ def test_fenced_commit_expired(store: Any) -> None:
     assert orders.get("o-1").state["by"] is None
 
 
+def _outlive(lease: Any) -> None:
+    """Pause past the lease's TTL (a GC pause, a frozen VM), by the store's clock too."""
+    import time
+
+    time.sleep(lease.ttl + 0.15)
+
+
+def test_apply_takes_an_expired_lease_again_and_commits(store: Any) -> None:
+    """Paused past the lease with nobody taking over: not an obsolete decision. apply
+    takes the lease again (a new token) and commits the same intent."""
+    orders = store.collection("orders")
+    orders.create("o-1", {"status": "paid"})
+    intent = orders.intent("o-1", "ship")
+    with store.lease("orders/o-1", owner="w", ttl=0.2) as lease:
+        first = lease.token
+
+        def decide(r: fencing.Record) -> dict[str, Any]:
+            _outlive(lease)
+            return {"status": "shipped"}
+
+        out = orders.apply(intent, decide, lease=lease)
+        assert out.committed, out
+        assert lease.token > first and not lease.lost
+        assert out.record.fence == lease.token and out.record.version == 2
+    assert orders.get("o-1").state["status"] == "shipped"
+    assert store.try_acquire("orders/o-1", owner="x", ttl=5) is not None  # released
+
+
+def test_apply_retakes_a_lease_that_ran_out_before_it_started(store: Any) -> None:
+    orders = store.collection("orders")
+    orders.create("o-1", {"status": "paid"})
+    intent = orders.intent("o-1", "ship")
+    lease = store.acquire("orders/o-1", owner="w", ttl=0.2)
+    _outlive(lease)
+    decided: list[int] = []
+
+    def decide(r: fencing.Record) -> dict[str, Any]:
+        decided.append(r.version)
+        return {"status": "shipped"}
+
+    out = orders.apply(intent, decide, lease=lease)
+    assert out.committed and out.record.fence == lease.token and decided == [1]
+    lease.release()
+
+
+def test_apply_under_an_expired_lease_another_owner_took_is_fenced_newer(store: Any) -> None:
+    orders = store.collection("orders")
+    orders.create("o-1", {"status": "paid"})
+    intent = orders.intent("o-1", "ship")
+    lease = store.acquire("orders/o-1", owner="w", ttl=0.2)
+    taken: list[Any] = []
+
+    def decide(r: fencing.Record) -> dict[str, Any]:
+        _outlive(lease)
+        taken.append(store.acquire("orders/o-1", owner="other", ttl=30))
+        return {"status": "shipped"}
+
+    out = orders.apply(intent, decide, lease=lease)
+    assert isinstance(out, Fenced) and out.reason is FenceReason.NEWER_OWNER, out
+    assert lease.lost and lease.lost_reason == "newer_owner"
+    assert orders.get("o-1").state["status"] == "paid" and orders.get("o-1").version == 1
+    taken[0].release()
+
+
+def test_apply_under_an_expired_lease_on_a_record_that_moved_is_stale(store: Any) -> None:
+    """Taken again, the lease does not make an old decision fresh: the store still
+    judges the version, and the stale policy goes on from there."""
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 0})
+    for policy, want in ((fencing.Drop(), Stale), (Recompute(attempts=3, backoff=0), None)):
+        intent = orders.intent("o-1", "bump")
+        lease = store.acquire("orders/o-1", owner="w", ttl=0.2)
+        moved = iter([True])
+
+        def decide(r: fencing.Record, moved: Any = moved, lease: Any = lease) -> dict[str, Any]:
+            if next(moved, False):
+                _outlive(lease)
+                assert orders.commit(orders.intent("o-1", "rival"), {"n": r.state["n"] + 10})
+            return {"n": r.state["n"] + 1}
+
+        before = orders.get("o-1").state["n"]
+        out = orders.apply(intent, decide, on_stale=policy, lease=lease)
+        if want is Stale:
+            assert isinstance(out, Stale) and orders.get("o-1").state["n"] == before + 10
+        else:
+            assert out.committed and out.record.state["n"] == before + 11
+        lease.release()
+
+
+def test_a_released_lease_is_not_taken_again(store: Any) -> None:
+    orders = store.collection("orders")
+    orders.create("o-1", {"status": "paid"})
+    lease = store.acquire("orders/o-1", owner="w", ttl=5)
+    lease.release()
+    out = orders.apply(orders.intent("o-1", "ship"), lambda r: {"status": "x"}, lease=lease)
+    assert isinstance(out, Fenced) and orders.get("o-1").version == 1
+
+
 def test_fenced_table_commit(make_table: Any, store: Any, backend_name: str) -> None:
     table = make_table(rows=[{"id": 1, "status": "a"}])
     lease = store.acquire("t/1", owner="a", ttl=5)

@@ -177,7 +177,11 @@ def test_fenced_contended_and_missing_settle(store: Any) -> None:
     assert listed[("o-1", "charge")] in ("stale", "fenced")  # stale: a newer write moved it
 
 
-def test_fenced_lease_expired_settles_fenced(store: Any) -> None:
+def test_an_expired_lease_leaves_the_effects_pending_and_a_newer_owner_settles_them(
+    store: Any,
+) -> None:
+    """``Fenced(EXPIRED)`` is not final (the same intent can still commit): its effects
+    stay pending, findable with ``pending_effects``; a newer owner's fence settles them."""
     orders = _orders(store)
     lease = store.acquire("orders/o-1", owner="a", ttl=0.2)
     intent = orders.intent("o-1", "charge")
@@ -187,8 +191,16 @@ def test_fenced_lease_expired_settles_fenced(store: Any) -> None:
     time.sleep(0.35)
     out = orders.commit(intent, {"status": "charged"}, lease=lease)
     assert isinstance(out, Fenced) and out.reason is fencing.FenceReason.EXPIRED
+    assert store.effects_to_reconcile() == []
+    (waiting,) = store.pending_effects(older_than=0)
+    assert waiting.idempotency_key == fx.idempotency_key and waiting.outcome is None
+
+    newer = store.acquire("orders/o-1", owner="b", ttl=30)
+    out = orders.commit(intent, {"status": "charged"}, lease=lease)
+    assert isinstance(out, Fenced) and out.reason is fencing.FenceReason.NEWER_OWNER
     (listed,) = store.effects_to_reconcile()
     assert listed.idempotency_key == fx.idempotency_key and listed.outcome == "fenced"
+    newer.release()
 
 
 def test_commit_many_settles_refused_items(store: Any) -> None:

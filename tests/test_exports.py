@@ -40,6 +40,7 @@ PUBLIC = [
     "Lease",
     "LeaseError",
     "LeaseHeld",
+    "LeaseExpired",
     "LeaseLost",
     "Missing",
     "MissingDependency",
@@ -183,6 +184,7 @@ def test_every_error_derives_from_fencing_error() -> None:
     assert issubclass(fencing.MissingDependency, ImportError)
     assert issubclass(fencing.LeaseHeld, fencing.LeaseError)
     assert issubclass(fencing.LeaseLost, fencing.LeaseError)
+    assert issubclass(fencing.LeaseExpired, fencing.LeaseLost)
     assert issubclass(fencing.TransientStoreError, fencing.StoreError)
     assert issubclass(fencing.StoreClosed, fencing.StoreError)
     assert issubclass(fencing.WrongEventLoop, fencing.StoreError)

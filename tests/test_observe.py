@@ -79,6 +79,30 @@ def test_committed_at_debug_refused_at_info_with_the_task_fields(
     assert leases == ["lease.acquire", "lease.release"]
 
 
+def test_the_fence_reason_is_in_the_record(
+    store: fencing.Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator tells "another worker did it" from "nobody did it" (issue 18, item 2)."""
+    caplog.set_level(logging.DEBUG, logger="fencing")
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 0})
+    old = store.acquire("orders/o-1", owner="a", ttl=0.05)
+    intent = orders.intent("o-1", "x")
+    time.sleep(0.1)
+    assert isinstance(orders.commit(intent, {"n": 1}, lease=old), fencing.Fenced)
+    newer = store.acquire("orders/o-1", owner="b", ttl=30)
+    assert isinstance(orders.commit(intent, {"n": 1}, lease=old), fencing.Fenced)
+    newer.release()
+    fenced = [r for r in core(caplog) if vars(r)["fencing_outcome"] == "fenced"]
+    assert [vars(r)["fencing_fence_reason"] for r in fenced] == ["expired", "newer_owner"]
+    assert [r.getMessage().rsplit(" ", 1)[-1] for r in fenced] == [
+        "fenced=expired",
+        "fenced=newer_owner",
+    ]
+    committed = [r for r in core(caplog) if vars(r)["fencing_outcome"] == "committed"]
+    assert all(vars(r)["fencing_fence_reason"] is None for r in committed)
+
+
 def test_info_level_logs_refusals_only(
     store: fencing.Store, caplog: pytest.LogCaptureFixture
 ) -> None:

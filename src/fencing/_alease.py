@@ -47,7 +47,7 @@ class AsyncLease(LeaseBase):
     """A held lease (see ``LeaseBase``); a context manager that releases on exit."""
 
     store: _LeaseStore
-    __slots__ = ("_heartbeat",)
+    __slots__ = ("_beat", "_heartbeat")
 
     def __init__(
         self, store: _LeaseStore, name: str, owner: str, ttl: float, answer: LeaseAnswer
@@ -55,6 +55,31 @@ class AsyncLease(LeaseBase):
         super().__init__(store, name, owner, ttl, answer)
         # made when a heartbeat starts: most leases never run one (3.6 µs an acquire)
         self._heartbeat: AsyncRunner | None = None
+        self._beat: tuple[float | None, Callable[[AsyncLease], Any] | None] | None = None
+
+    async def _retake(self) -> bool | None:
+        """Take this lease again under a new token if it ran out and nobody holds it now
+        (``apply`` does, when a commit under it was fenced as expired). The lease then
+        holds the new token; a heartbeat it ran starts again. False if someone holds it,
+        None if it was released (never taken again)."""
+        if self.released:
+            return None
+        started = now_ns() if HUB.on else 0
+        answer = await self.store._live().acquire(self.name, self.owner, self.ttl)
+        retaken = answer.granted and answer.row is not None
+        if HUB.on or log.isEnabledFor(LEVEL[True]):
+            token = answer.row.token if retaken and answer.row is not None else None
+            outcome = "retaken" if retaken else "held"
+            lease_event("lease.retake", self.store, self.name, outcome, token, started)
+        if not retaken:
+            self._mark_lost("newer_owner")
+            return False
+        beat = self._beat
+        await self.stop_heartbeat()
+        self._taken_again(answer)
+        if beat is not None:
+            self.start_heartbeat(*beat)
+        return True
 
     async def renew(self, ttl: float | None = None) -> None:
         """Extend the lease by ``ttl`` (default: its TTL) from now, by the store's clock."""
@@ -93,6 +118,7 @@ class AsyncLease(LeaseBase):
         if self._heartbeat is not None and self._heartbeat.running:
             return
         every = self._heartbeat_interval(interval)
+        self._beat = (interval, on_lost)
         runner = self._heartbeat = AsyncRunner()
 
         async def handle(step: Any) -> Any:

@@ -45,6 +45,7 @@ from ._policy import (
     Drop,
     ProbeStep,
     ReconcileStep,
+    RetakeStep,
     SettleStep,
     StalePolicy,
     apply_flow,
@@ -169,8 +170,14 @@ class _AsyncOps(TargetBase):
         probe = self._probe_request(intent, lease)
         started = now_ns() if HUB.on else 0
 
+        probed = False
+
         async def handle(step: Any) -> Any:
+            nonlocal probed
             if isinstance(step, ProbeStep):
+                if probed:  # again, under a lease taken again: its new token
+                    return await self._backend.probe(self._probe_request(step.intent, lease))
+                probed = True
                 return await self._backend.probe(probe)
             if isinstance(step, DecideStep):
                 return await maybe_await(decide(step.record))
@@ -180,6 +187,8 @@ class _AsyncOps(TargetBase):
                 return await sleep_async(step.seconds)
             if isinstance(step, SettleStep):
                 return await self._settle(step)
+            if isinstance(step, RetakeStep):
+                return None if lease is None else await lease._retake()
             if isinstance(step, ReconcileStep) and not isinstance(policy, Drop | type(None)):
                 handler = getattr(policy, "handler")  # noqa: B009 - Reconcile only
                 return await maybe_await(handler(step.intent, step.record, step.effects))

@@ -24,7 +24,7 @@ from typing import Any, Final, Literal
 
 from ._errors import InvalidInput, InvalidState
 from ._validate import check_name
-from ._values import Contended, Fenced, Intent, Kind, Missing, Outcome, Stale
+from ._values import Contended, Fenced, FenceReason, Intent, Kind, Missing, Outcome, Stale
 
 __all__ = [
     "EFFECT_COLUMNS",
@@ -284,7 +284,11 @@ def effect_from_row(row: Sequence[Any]) -> Effect:
 
 
 def settles(outcome: Outcome) -> str | None:
-    """The settling outcome name if ``outcome`` ends an intent without committing."""
+    """The settling outcome name if ``outcome`` ends an intent without committing for
+    good. ``Fenced(EXPIRED)`` does not: the lease ran out with nobody taking over, so
+    the same intent can still commit (a retry, or ``abandon`` when it is given up)."""
+    if isinstance(outcome, Fenced) and outcome.reason is FenceReason.EXPIRED:
+        return None
     if isinstance(outcome, Stale | Fenced | Contended | Missing):
         return outcome.kind
     return None

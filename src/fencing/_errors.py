@@ -22,6 +22,8 @@ store that could not be reached::
     ├── LeaseError
     │   ├── LeaseHeld                        another owner holds the lease
     │   └── LeaseLost                        renew/release by a holder that no longer holds it
+    │       └── LeaseExpired                 a fenced task's lease kept running out, nobody
+    │                                        took over: the same intent is retried
     └── StoreError                           the store failed
         ├── StoreClosed                      the store was closed: every call refused
         ├── WrongEventLoop                   an async store used outside the loop that opened it
@@ -45,6 +47,7 @@ __all__ = [
     "InvalidLeaseRequest",
     "InvalidState",
     "LeaseError",
+    "LeaseExpired",
     "LeaseHeld",
     "LeaseLost",
     "MissingDependency",
@@ -143,6 +146,21 @@ class LeaseHeld(LeaseError):
 
 class LeaseLost(LeaseError):
     """The caller no longer holds this lease token (it expired or a newer owner took it)."""
+
+
+class LeaseExpired(LeaseLost):
+    """A fenced task's commit came back ``Fenced(EXPIRED)`` every time it took its lease
+    again: the worker kept outliving its TTL and nobody took over. The work is not done
+    and not obsolete: the queue retries the same intent (``outcome`` is the answer)."""
+
+    def __init__(self, outcome: object) -> None:
+        self.outcome = outcome
+        intent = getattr(outcome, "intent", None)
+        what = "" if intent is None else f" {intent.collection}/{intent.key} intent {intent.id}"
+        super().__init__(
+            f"the lease ran out before the commit of{what} and nobody took over;"
+            " the same intent is retried"
+        )
 
 
 class StoreError(FencingError):

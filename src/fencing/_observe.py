@@ -35,11 +35,13 @@ class Event:
     """One operation's answer (read it, do not change it: every observer gets the same).
 
     ``op``: ``"commit"``, ``"commit_many"``, ``"apply"``, ``"lease.acquire"``,
-    ``"lease.renew"`` or ``"lease.release"``. ``outcome``: an outcome's kind
-    (``"committed"``, ``"stale"``, ...) or, for a lease, ``"acquired"``, ``"held"``,
-    ``"renewed"``, ``"released"`` or ``"lost"``. ``kind`` is ``"collection"``,
-    ``"table"`` or ``"lease"``; ``name`` the collection, table or lease name. ``seconds``
-    and ``started_ns`` (wall clock) are set only while an observer is on.
+    ``"lease.retake"``, ``"lease.renew"`` or ``"lease.release"``. ``outcome``: an
+    outcome's kind (``"committed"``, ``"stale"``, ...) or, for a lease, ``"acquired"``,
+    ``"retaken"``, ``"held"``, ``"renewed"``, ``"released"`` or ``"lost"``.
+    ``fence_reason``: ``"newer_owner"`` or ``"expired"`` for a fenced outcome, else None.
+    ``kind`` is ``"collection"``, ``"table"`` or ``"lease"``; ``name`` the collection,
+    table or lease name. ``seconds`` and ``started_ns`` (wall clock) are set only while
+    an observer is on.
     """
 
     op: str
@@ -54,6 +56,7 @@ class Event:
     current_version: int | None = None
     token: int | None = None
     trace: str | None = None  # the intent's W3C traceparent, if it carries one
+    fence_reason: str | None = None  # a fenced outcome's FenceReason value
     waits: int = 0  # lease.acquire: how many times it slept while the lease was held
     seconds: float | None = None
     started_ns: int | None = None
@@ -76,6 +79,7 @@ class Event:
             "fencing_expected_version": self.expected_version,
             "fencing_current_version": self.current_version,
             "fencing_outcome": self.outcome,
+            "fencing_fence_reason": self.fence_reason,
             "fencing_token": self.token,
         }
 
@@ -148,9 +152,8 @@ def _log(event: Event) -> None:
             extra=event.log_fields(),
         )
         return
-    log.log(
-        LEVEL[event.committed],
-        "%s: %s %s/%s intent=%s expected=%s current=%s",
+    message = "%s: %s %s/%s intent=%s expected=%s current=%s"
+    args: tuple[object, ...] = (
         event.op,
         event.outcome,
         event.name,
@@ -158,5 +161,8 @@ def _log(event: Event) -> None:
         event.intent_id,
         event.expected_version,
         event.current_version,
-        extra=event.log_fields(),
     )
+    if event.fence_reason is not None:
+        message += " fenced=%s"
+        args += (event.fence_reason,)
+    log.log(LEVEL[event.committed], message, *args, extra=event.log_fields())

@@ -30,6 +30,7 @@ from ._values import (
 )
 
 __all__ = [
+    "MAX_RETAKES",
     "Drop",
     "Recompute",
     "Reconcile",
@@ -144,7 +145,19 @@ class SettleStep:
     outcome: str
 
 
-Step = ProbeStep | DecideStep | CommitStep | Sleep | ReconcileStep | SettleStep
+@dataclass(frozen=True, slots=True)
+class RetakeStep:
+    """Take the commit's lease again under a new token, without waiting: it ran out by the
+    store's clock and nobody took over. The driver answers True if it did (the lease
+    object now holds the new token), False if someone else holds the lease now, None if
+    the lease cannot be taken again (it was released)."""
+
+
+Step = ProbeStep | DecideStep | CommitStep | Sleep | ReconcileStep | SettleStep | RetakeStep
+
+#: How many times one ``apply`` takes an expired lease again (the worker was paused past
+#: its TTL and nobody took over) before it answers ``Fenced(EXPIRED)``.
+MAX_RETAKES = 3
 
 
 def _recompute_intent(intent: Intent, current: Record, attempt: int) -> Intent:
@@ -161,22 +174,43 @@ def apply_flow(
 ) -> Flow[Outcome]:
     """Probe, decide, commit; on Stale follow the policy. Never more than N decides.
 
-    An outcome that ends the work uncommitted (stale, fenced, contended, missing)
-    settles the intent's recorded effects; ``Reconcile``'s handler gets them.
+    A lease that ran out with nobody taking over is not an obsolete decision: the
+    lease is taken again (``RetakeStep``) and the same state committed, at most
+    ``MAX_RETAKES`` times; the store still judges that commit (a record that moved on
+    meanwhile answers ``Stale``). If someone else holds the lease by then, the answer
+    is ``Fenced(NEWER_OWNER)``. An outcome that ends the work uncommitted for good
+    (stale, fenced by a newer owner, contended, missing) settles the intent's recorded
+    effects; ``Reconcile``'s handler gets them.
     """
     result: CommitResult = yield ProbeStep(intent)
     current = intent
     calls = 0
+    retakes = 0
+    pending: Mapping[str, Any] | None = None  # the state of the commit just answered
     while True:
+        if result.status is Status.FENCED_EXPIRED and retakes < MAX_RETAKES:
+            retakes += 1
+            taken = yield RetakeStep()
+            if taken:
+                step = ProbeStep(current) if pending is None else CommitStep(current, pending)
+                result = yield step
+                continue
+            if taken is False:  # someone holds the lease now
+                result = CommitResult(Status.FENCED_NEWER, result.record)
+            else:  # None: this lease cannot be taken again (released)
+                retakes = MAX_RETAKES
         if result.status is Status.OK and result.record is not None:
             calls += 1
             state = yield DecideStep(result.record)
             if state is SKIP:
                 return Skipped(result.record, current)
+            pending = state
             result = yield CommitStep(current, state)
+            continue
         if result.status is not Status.STALE or result.record is None:
             return (yield from settle_flow(outcome_for(result, current)))
         record = result.record
+        pending = None
         if isinstance(policy, Recompute):
             if calls >= policy.attempts:
                 return (yield from settle_flow(Contended(record, calls, current)))

@@ -44,6 +44,7 @@ from ._policy import (
     Drop,
     ProbeStep,
     ReconcileStep,
+    RetakeStep,
     SettleStep,
     StalePolicy,
     apply_flow,
@@ -168,8 +169,14 @@ class _Ops(TargetBase):
         probe = self._probe_request(intent, lease)
         started = now_ns() if HUB.on else 0
 
+        probed = False
+
         def handle(step: Any) -> Any:
+            nonlocal probed
             if isinstance(step, ProbeStep):
+                if probed:  # again, under a lease taken again: its new token
+                    return self._backend.probe(self._probe_request(step.intent, lease))
+                probed = True
                 return self._backend.probe(probe)
             if isinstance(step, DecideStep):
                 return passthrough(decide(step.record))
@@ -179,6 +186,8 @@ class _Ops(TargetBase):
                 return sleep_sync(step.seconds)
             if isinstance(step, SettleStep):
                 return self._settle(step)
+            if isinstance(step, RetakeStep):
+                return None if lease is None else lease._retake()
             if isinstance(step, ReconcileStep) and not isinstance(policy, Drop | type(None)):
                 handler = getattr(policy, "handler")  # noqa: B009 - Reconcile only
                 return passthrough(handler(step.intent, step.record, step.effects))

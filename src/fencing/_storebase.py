@@ -305,6 +305,7 @@ class TargetBase:
             current_version=None if current is None else current.version,
             token=lease.token if isinstance(lease, LeaseBase) else None,
             trace=None if intent is None else intent.trace,
+            fence_reason=outcome.reason.value if isinstance(outcome, Fenced) else None,
             seconds=seconds,
             started_ns=wall,
         )
@@ -375,6 +376,14 @@ class LeaseBase:
         if not self.lost:
             self.lost = True
             self._lost_reason = reason
+
+    def _taken_again(self, answer: LeaseAnswer) -> None:
+        """The lease was acquired again (``_retake``): hold the new token."""
+        assert answer.row is not None
+        self.token = answer.row.token
+        self.expires_at = answer.row.expires_at
+        self.lost = False
+        self._lost_reason = None
 
     def _saw_fenced(self, outcome: Fenced) -> None:
         self._mark_lost(outcome.reason.value)

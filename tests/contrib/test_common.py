@@ -23,6 +23,7 @@ from fencing.contrib._common import (
     FencedTask,
     LeaseSpec,
     TaskReport,
+    aeffect,
     classify,
     current_intent,
     current_target,
@@ -267,6 +268,118 @@ def test_a_worker_paused_past_its_lease_is_fenced(store: fencing.Store) -> None:
     assert report.token is not None and report.to_dict()["token"] == report.token
     unchanged = orders.get("o-1")
     assert unchanged is not None and unchanged.version == 1
+
+
+def test_a_worker_paused_past_its_lease_with_nobody_taking_over_commits(
+    store: fencing.Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lease ran out, nobody took over, the record did not move: the work is not
+    obsolete. The run takes the lease again and commits (it used to ack ``Fenced``)."""
+    orders = store.collection("orders")
+    record = orders.create("o-1", {"status": "paid"})
+
+    def paused(rec: fencing.Record) -> dict[str, Any]:
+        lease = store.try_acquire("orders/o-1", owner="probe", ttl=5)
+        assert lease is None  # still held while decide starts
+        time.sleep(0.35)  # a GC pause, SIGSTOP: past the TTL, the heartbeat paused too
+        return ship(rec)
+
+    spec = task(orders, decide=paused, lease=LeaseSpec(ttl=0.2, heartbeat=False))
+    report = spec.run(spec.encode(record, "ship"))
+    assert (report.action, report.kind) == (Action.ACK, "committed"), report
+    assert report.fence_reason is None and report.to_dict()["fence_reason"] is None
+    shipped = orders.get("o-1")
+    assert shipped is not None and shipped.state["status"] == "shipped"
+    assert shipped.fence == report.token
+
+
+class _PausedClock:
+    """A store clock that, once ``decide`` has paused, moves 10 s on every reading: each
+    lease taken again has run out by the time its commit is judged (a worker that keeps
+    outliving its TTL)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.paused = False
+
+    def __call__(self) -> float:
+        if self.paused:
+            self.now += 10.0
+        return self.now
+
+
+def test_a_lease_that_keeps_running_out_is_retried_then_abandoned_and_listed(
+    api: str, caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
+) -> None:
+    """Fenced(EXPIRED) after every bounded retake: the work could still commit, so the
+    run is retried with the same payload (never acked), its effects stay pending; when
+    the retries are used up the task fails and its effects are listed as abandoned."""
+    caplog.set_level(logging.INFO, logger="fencing.task")
+    clock = _PausedClock()
+    lease = LeaseSpec(ttl=5, heartbeat=False)
+
+    def charge(rec: fencing.Record) -> dict[str, Any]:
+        effect("charge")
+        clock.paused = True
+        return ship(rec)
+
+    if api == "async":
+        loop = asyncio.new_event_loop()
+        request.addfinalizer(loop.close)
+        astore = loop.run_until_complete(fencing.open_async("memory://", clock=clock))
+        aorders = astore.collection("orders")
+        record = loop.run_until_complete(aorders.create("o-1", {"status": "paid"}))
+
+        async def acharge(rec: fencing.Record) -> dict[str, Any]:
+            await aeffect("charge")
+            clock.paused = True
+            return ship(rec)
+
+        spec = task(aorders, decide=acharge, lease=lease, max_retries=1)
+
+        def run(attempt: int) -> TaskReport:
+            return loop.run_until_complete(spec.arun(payload, attempt=attempt))
+
+        def listed() -> list[fencing.Effect]:
+            return loop.run_until_complete(astore.effects_to_reconcile())
+
+        def waiting() -> list[fencing.Effect]:
+            return loop.run_until_complete(astore.pending_effects(older_than=0))
+
+        def version() -> int:
+            return loop.run_until_complete(aorders.get("o-1")).version  # type: ignore[union-attr]
+    else:
+        store = fencing.open("memory://", clock=clock)
+        orders = store.collection("orders")
+        record = orders.create("o-1", {"status": "paid"})
+        spec = task(orders, decide=charge, lease=lease, max_retries=1)
+
+        def run(attempt: int) -> TaskReport:
+            return spec.run(payload, attempt=attempt)
+
+        listed, version = store.effects_to_reconcile, lambda: orders.get("o-1").version  # type: ignore[union-attr]
+
+        def waiting() -> list[fencing.Effect]:
+            return store.pending_effects(older_than=0)
+
+    payload = spec.encode(record, "ship")
+    report = run(1)
+    assert (report.action, report.kind) == (Action.RETRY, "lease_expired"), report
+    assert isinstance(report.error, fencing.LeaseExpired)
+    assert isinstance(report.outcome, fencing.Fenced)
+    assert report.fence_reason == "expired" and report.to_dict()["fence_reason"] == "expired"
+    assert "fenced=expired" in fenced_records(caplog)[-1].getMessage()
+    assert fenced_records(caplog)[-1].fencing_fence_reason == "expired"  # type: ignore[attr-defined]
+    assert listed() == []  # not final: the effects stay pending, the retry may commit
+    (pending,) = waiting()
+    assert pending.outcome is None
+
+    clock.paused = False
+    report = run(2)
+    assert (report.action, report.kind) == (Action.FAIL, "lease_expired_exhausted")
+    (abandoned,) = listed()
+    assert abandoned.outcome == "abandoned" and abandoned.name == "charge"
+    assert version() == 1
 
 
 def test_a_held_lease_is_retried(store: fencing.Store) -> None:

@@ -11,11 +11,13 @@ outcome or error              action        what the queue does
 ============================  ============  =============================================
 Committed, Duplicate,         ``ack``       success
 Skipped
-Stale, Fenced, Contended,     ``ack``       success, the report records the stale result;
-Missing                                     never retried (the decision is obsolete)
+Stale, Fenced (newer owner),  ``ack``       success, the report records the stale result;
+Contended, Missing                          never retried (the decision is obsolete)
 TransientStoreError,          ``retry``     the queue's own retry, bounded, with backoff
-LeaseHeld, ``retry_on``                     and the *same* payload: a retry after the
-                                            commit landed reports ``Duplicate``
+LeaseHeld, ``retry_on``,                    and the *same* payload: a retry after the
+Fenced (expired: the lease                  commit landed reports ``Duplicate``
+kept running out, nobody
+took over; LeaseExpired)
 InvalidIntent (unsigned,      ``refuse``    fail, never retried: the message is bad
 tampered, malformed), any
 other InvalidInput
@@ -48,15 +50,15 @@ from __future__ import annotations
 import hashlib
 import inspect
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from .._astore import AsyncStore
-from .._errors import ConfigurationError, InvalidInput, InvalidIntent
+from .._errors import ConfigurationError, InvalidInput, InvalidIntent, LeaseExpired
 from .._outbox import OutboxMessage, OutboxRow, check_message
 from .._policy import Drop, StalePolicy, check_policy
 from .._signing import Signer
 from .._store import Store
-from .._values import Intent, Outcome, Record
+from .._values import Fenced, FenceReason, Intent, Outcome, Record
 from ._context import aeffect, current_intent, current_target, effect, running_task
 from ._options import Backoff, LeaseSpec, record_lease_name
 from ._outcomes import Action, TaskReport, classify, emit, not_abandoned
@@ -106,6 +108,12 @@ def publish_id(row: OutboxRow) -> str:
     guarantee either way). The payload's hash keeps rows of two stores apart."""
     digest = hashlib.sha256(row.payload.encode("utf-8")).hexdigest()[:16]
     return f"fencing-outbox-{row.id}-{digest}"
+
+
+def _unfinished(outcome: Outcome) -> bool:
+    """``Fenced(EXPIRED)``: the lease kept running out (``apply`` took it again, bounded)
+    and nobody took over; the work can still commit, so the run is retried, not acked."""
+    return isinstance(outcome, Fenced) and outcome.reason is FenceReason.EXPIRED
 
 
 def _as_intent(what: object, transition: str | None, guard: Any) -> Intent:
@@ -288,6 +296,8 @@ class FencedTask:
             check_match(target, intent)
             with running_task(intent, target):
                 outcome, token_used = self._apply(target, intent)
+            if _unfinished(outcome):
+                raise LeaseExpired(outcome)
         except Exception as exc:
             report = self._failed(intent, exc, attempt)
             if report.action is Action.FAIL and intent is not None:
@@ -313,6 +323,8 @@ class FencedTask:
             check_match(target, intent)
             with running_task(intent, target):
                 outcome, token_used = await self._aapply(target, intent)
+            if _unfinished(outcome):
+                raise LeaseExpired(outcome)
         except Exception as exc:
             report = self._failed(intent, exc, attempt)
             if report.action is Action.FAIL and intent is not None:
@@ -336,7 +348,8 @@ class FencedTask:
         if action is Action.RETRY and attempt > self.max_retries:
             # Out of retries: the queue fails the message with the error.
             action, kind = Action.FAIL, f"{kind}_exhausted"
-        return TaskReport(self.name, action, kind, attempt, intent, None, exc)
+        outcome = cast(Outcome, exc.outcome) if isinstance(exc, LeaseExpired) else None
+        return TaskReport(self.name, action, kind, attempt, intent, outcome, exc)
 
     def retry_delay(self, retry: int) -> float:
         """Seconds before retry number ``retry`` (1-based), from :attr:`backoff`."""

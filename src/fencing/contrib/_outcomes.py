@@ -9,8 +9,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .._errors import InvalidInput, LeaseHeld, TransientStoreError
-from .._values import Intent, Outcome
+from .._errors import InvalidInput, LeaseExpired, LeaseHeld, TransientStoreError
+from .._values import Fenced, Intent, Outcome
 
 logger = logging.getLogger("fencing.task")
 
@@ -30,8 +30,8 @@ class TaskReport:
 
     task: str
     action: Action
-    #: the outcome kind, or "transient", "lease_held", "retryable", "invalid", "error"; a
-    #: retryable one ends in "_exhausted" when the retries are used up
+    #: the outcome kind, or "transient", "lease_held", "lease_expired", "retryable",
+    #: "invalid", "error"; a retryable one ends in "_exhausted" when the retries are used up
     kind: str
     attempt: int
     intent: Intent | None = None  #: the intent the message carried
@@ -44,6 +44,13 @@ class TaskReport:
         """The intent the store judged: a ``Recompute`` attempt's derived one, if any."""
         judged = getattr(self.outcome, "intent", None)
         return judged if isinstance(judged, Intent) else self.intent
+
+    @property
+    def fence_reason(self) -> str | None:
+        """``"newer_owner"`` or ``"expired"`` for a fenced outcome (``FenceReason``), else None:
+        another worker did the work, or nobody did (the run is retried)."""
+        outcome = self.outcome
+        return outcome.reason.value if isinstance(outcome, Fenced) else None
 
     @property
     def current_version(self) -> int | None:
@@ -62,6 +69,7 @@ class TaskReport:
             "fencing_expected_version": None if judged is None else judged.expected_version,
             "fencing_current_version": self.current_version,
             "fencing_outcome": self.kind,
+            "fencing_fence_reason": self.fence_reason,
             "fencing_action": self.action.value,
             "fencing_attempt": self.attempt,
             "fencing_token": self.token,
@@ -83,6 +91,8 @@ def classify(error: Exception, retry_on: tuple[type[Exception], ...] = ()) -> tu
         return Action.RETRY, "transient"
     if isinstance(error, LeaseHeld):
         return Action.RETRY, "lease_held"
+    if isinstance(error, LeaseExpired):
+        return Action.RETRY, "lease_expired"
     if retry_on and isinstance(error, retry_on):
         return Action.RETRY, "retryable"
     return Action.FAIL, "error"
@@ -115,6 +125,9 @@ def emit(report: TaskReport) -> None:
         fields["fencing_current_version"],
         report.action.value,
     )
+    if report.fence_reason is not None:
+        message += " fenced=%s"
+        args += (report.fence_reason,)
     if report.error is not None:
         message += " (%s: %s)"
         args += (type(report.error).__name__, report.error)
