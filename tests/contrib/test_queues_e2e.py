@@ -196,6 +196,7 @@ def test_worker_paused_past_its_lease_is_fenced(harness: Harness) -> None:
     h.flag(f"resume-{first.id}")
     (late,) = h.wait_reports(first.id, 1)
     assert late["fencing_outcome"] == "fenced", late
+    assert late["fencing_fence_reason"] == "newer_owner", late  # another worker did it
     assert late["fencing_token"] < taken["fencing_token"]
     final = h.orders.get(record.key)
     assert final is not None and final.state["log"] == ["second"] and final.version == 2
@@ -217,6 +218,27 @@ def test_worker_paused_past_its_lease_is_fenced(harness: Harness) -> None:
         "first"
     ]  # "second" was acknowledged, then lost
     assert judge(h, naive.key).counts["lost_update"] >= 1
+
+
+def test_worker_paused_past_its_lease_with_nobody_taking_over_commits(harness: Harness) -> None:
+    """SIGSTOPped past its lease while nobody takes over: the work is not obsolete (the
+    record has not moved). The worker takes the lease again and commits; it used to
+    ack ``Fenced(EXPIRED)`` and the order stayed unshipped for good."""
+    h = harness
+    record = h.create(PACKED)
+    first = record.intent("first")
+    h.flag(f"pause-{first.id}")
+    h.enqueue("mark_leased", first)
+    pid = h.wait_pid(f"paused-{first.id}")  # holds the lease, has decided, about to commit
+    with h.stopped(pid):  # heartbeats stop too; the lease runs out, nobody takes it
+        time.sleep(_shared.LEASE.ttl * 2.5)
+    h.flag(f"resume-{first.id}")
+    (late,) = h.wait_reports(first.id, 1)
+    assert (late["fencing_outcome"], late["fencing_action"]) == ("committed", "ack"), late
+    final = h.orders.get(record.key)
+    assert final is not None and final.state["log"] == ["first"] and final.version == 2
+    assert final.fence == late["fencing_token"]
+    assert judge(h, record.key).ok, judge(h, record.key).to_dict()
 
 
 def test_recompute_converges_under_contention(harness: Harness) -> None:
