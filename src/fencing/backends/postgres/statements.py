@@ -63,13 +63,17 @@ LEASE_LIVE: Final = (
     "EXISTS (SELECT 1 FROM fencing_leases l WHERE l.name = %(lease)s"
     f" AND l.token = %(token)s::bigint AND l.owner IS NOT NULL AND l.expires_at > {NOW})"
 )
-# A fenced commit share-locks the live lease row it writes under (the newest version of
-# the row, re-checked after any wait), so no takeover can be granted until it ends: a
-# write under token t is never visible after token t + 1 was granted.
+# A fenced commit key-share-locks the live lease row it writes under (the newest version
+# of the row, re-checked after any wait), and a takeover locks the row FOR UPDATE first
+# (``ACQUIRE``), which conflicts with it: no takeover can be granted until the commit's
+# transaction ends, so a write under token t is never visible after token t + 1 was
+# granted. Renew and release update only non-key columns (FOR NO KEY UPDATE), which does
+# not conflict with FOR KEY SHARE: the holder can renew and release while a transaction
+# that committed under its token is still open (on the caller's connection, say).
 LEASE_LOCK_CTE: Final = (
     "fencing_lease AS (SELECT 1 FROM fencing_leases l WHERE l.name = %(lease)s"
     f" AND l.token = %(token)s::bigint AND l.owner IS NOT NULL AND l.expires_at > {NOW}"
-    " FOR SHARE)"
+    " FOR KEY SHARE)"
 )
 LEASE_LOCKED: Final = "EXISTS (SELECT 1 FROM fencing_lease)"
 IS_APPLIED: Final = (
@@ -167,12 +171,22 @@ LEASE_ANSWER: Final = (
     " WHERE NOT EXISTS (SELECT 1 FROM fencing_up))"
 )
 LEASE_HELD: Final = f"l.owner IS NOT NULL AND l.expires_at > {NOW}"
+# A takeover first locks a free row FOR UPDATE (``fencing_free``, read whole before the
+# upsert's one row is made): it waits for every fenced commit that key-share-locked the
+# row under the previous token (``LEASE_LOCK_CTE``), and then re-checks that the row is
+# still free. Only a row it locked so is taken over: one its snapshot saw held but a
+# release freed since is refused (as held), never taken without the lock. A refused
+# acquire (the lease is held) does not wait for those commits.
 ACQUIRE: Final = (
-    "WITH fencing_up AS ("
+    "WITH fencing_free AS MATERIALIZED (SELECT 1 FROM fencing_leases l"
+    f" WHERE l.name = %(name)s AND NOT ({LEASE_HELD}) FOR UPDATE),"
+    " fencing_up AS ("
     " INSERT INTO fencing_leases AS l (name, owner, token, expires_at)"
-    f" VALUES (%(name)s, %(owner)s, 1, {NOW} + %(ttl)s::float8)"
+    f" SELECT %(name)s, %(owner)s, 1, {NOW} + %(ttl)s::float8"
+    " FROM (SELECT count(*) FROM fencing_free) AS fencing_locked"
     " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = l.token + 1,"
     f" expires_at = excluded.expires_at WHERE NOT ({LEASE_HELD})"
+    " AND EXISTS (SELECT 1 FROM fencing_free)"
     " RETURNING l.owner, l.token, l.expires_at)" + LEASE_ANSWER
 )
 RENEW: Final = (
@@ -287,7 +301,7 @@ BATCH_RECORDS_LOCK: Final = (
     "SELECT 1 FROM fencing_records WHERE collection = %(name)s"
     " AND key = ANY(%(keys)s::text[]) ORDER BY key FOR UPDATE"
 )
-BATCH_LEASE_LOCK: Final = "SELECT 1 FROM fencing_leases WHERE name = %(lease)s FOR SHARE"
+BATCH_LEASE_LOCK: Final = "SELECT 1 FROM fencing_leases WHERE name = %(lease)s FOR KEY SHARE"
 
 
 @lru_cache(maxsize=256)
