@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
     InMemorySpanExporter,
 )
-from prometheus_client import CollectorRegistry  # noqa: E402
+from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
 
 @pytest.fixture
@@ -75,15 +75,21 @@ def test_outcomes_latency_and_leases_are_counted(
         ("commit", "fenced", 1),
         ("apply", "committed", 1),
     ]:
+        reason = "newer_owner" if outcome == "fenced" else ""
         got = value(
-            registry, "fencing_outcomes_total", operation=operation, outcome=outcome, **where
+            registry,
+            "fencing_outcomes_total",
+            operation=operation,
+            outcome=outcome,
+            fence_reason=reason,
+            **where,
         )
         assert got == count, (operation, outcome)
-    assert value(registry, "fencing_fenced_commits_total", **where) == 1
+    assert value(registry, "fencing_fenced_commits_total", fence_reason="newer_owner", **where) == 1
     commits = value(registry, "fencing_operation_seconds_count", operation="commit", **where)
     assert commits == 4
     assert value(registry, "fencing_operation_seconds_sum", operation="commit", **where) > 0
-    lease = {"store": "sqlite", "lease": "m-lease"}
+    lease = {"store": "sqlite"}  # no lease name: it is per record (issue 18, item 8)
     assert (
         value(
             registry,
@@ -92,7 +98,7 @@ def test_outcomes_latency_and_leases_are_counted(
             outcome="acquired",
             **lease,
         )
-        == 2
+        == 3  # m-lease twice, m-held once: the series are per store, not per lease
     )
     assert (
         value(
@@ -114,7 +120,7 @@ def test_outcomes_latency_and_leases_are_counted(
         )
         == 1
     )
-    held = {"store": "sqlite", "lease": "m-held"}
+    held = {"store": "sqlite"}
     assert (
         value(
             registry,
@@ -129,7 +135,14 @@ def test_outcomes_latency_and_leases_are_counted(
     prometheus.disable(registry)  # off: nothing more is counted
     orders.commit(orders.intent("o-1", "e"), {"n": 5})
     assert (
-        value(registry, "fencing_outcomes_total", operation="commit", outcome="committed", **where)
+        value(
+            registry,
+            "fencing_outcomes_total",
+            operation="commit",
+            outcome="committed",
+            fence_reason="",
+            **where,
+        )
         == 1
     )
 
@@ -137,7 +150,63 @@ def test_outcomes_latency_and_leases_are_counted(
 def test_lease_waits_are_counted(store: fencing.Store, registry: CollectorRegistry) -> None:
     store.acquire("w-lease", owner="a", ttl=0.3)
     store.acquire("w-lease", owner="b", ttl=30, wait=5)  # sleeps until a's lease expires
-    assert value(registry, "fencing_lease_waits_total", store="sqlite", lease="w-lease") >= 1
+    assert value(registry, "fencing_lease_waits_total", store="sqlite") >= 1
+
+
+def test_a_fenced_outcome_says_why(store: fencing.Store, registry: CollectorRegistry) -> None:
+    """Issue 18, item 2: "another worker did it" (newer_owner) and "nobody did it"
+    (expired) are two values of the fence_reason label, on both counters."""
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 0})
+    orders.create("o-2", {"n": 0})
+    expired = store.acquire(orders.lease_name("o-1"), owner="a", ttl=0.2)
+    lost = store.acquire(orders.lease_name("o-2"), owner="a", ttl=0.2)
+    time.sleep(0.3)
+    store.acquire(orders.lease_name("o-2"), owner="b", ttl=30)  # a newer owner of o-2's
+    one = orders.commit(orders.intent("o-1", "x"), {"n": 1}, lease=expired)
+    two = orders.commit(orders.intent("o-2", "x"), {"n": 1}, lease=lost)
+    assert isinstance(one, fencing.Fenced) and one.reason is fencing.FenceReason.EXPIRED
+    assert isinstance(two, fencing.Fenced) and two.reason is fencing.FenceReason.NEWER_OWNER
+    orders.commit(orders.intent("o-1", "y"), {"n": 2})
+    where = {"store": "sqlite", "kind": "collection", "collection": "orders"}
+    for reason in ("expired", "newer_owner"):
+        assert value(registry, "fencing_fenced_commits_total", fence_reason=reason, **where) == 1
+        fenced = {"operation": "commit", "outcome": "fenced", "fence_reason": reason}
+        assert value(registry, "fencing_outcomes_total", **fenced, **where) == 1
+    committed = {"operation": "commit", "outcome": "committed", "fence_reason": ""}
+    assert value(registry, "fencing_outcomes_total", **committed, **where) == 1
+
+
+def _series(registry: CollectorRegistry) -> list[str]:
+    text = generate_latest(registry).decode()
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("names", [3, 200])
+def test_series_do_not_grow_with_lease_names(
+    store: fencing.Store, registry: CollectorRegistry, names: int
+) -> None:
+    """Issue 18, item 8: a lease name is per record (``collection.lease_name(key)``), so
+    it is no label value: leasing, renewing, releasing, being refused and committing
+    under 3 or 200 distinct names make the same series, none naming a lease or a key."""
+    orders = store.collection("orders")
+    for i in range(names):
+        key = f"key-{i}"
+        orders.create(key, {"n": 0})
+        with store.lease(orders.lease_name(key), owner="a", ttl=30) as lease:
+            lease.renew()
+            with pytest.raises(fencing.LeaseHeld):
+                store.acquire(orders.lease_name(key), owner="b", ttl=30)
+            orders.commit(orders.intent(key, "x"), {"n": 1}, lease=lease)
+    series = _series(registry)
+    assert not [line for line in series if "key-" in line]
+    assert len(series) == EXPECTED_SERIES
+
+
+#: the series of test_series_do_not_grow_with_lease_names, whatever the number of names:
+#: outcomes (committed) 2 (total, created), latency 2 x (11 + 6 buckets + inf + count +
+#: sum + created) for commit and 3 lease operations, lease operations 4 x 2, waits 1 x 2
+EXPECTED_SERIES = 2 + 4 * (len(prometheus.BUCKETS) + len(prometheus.BUCKETS_MORE) + 4) + 4 * 2 + 2
 
 
 def test_watch_reads_effects_to_reconcile_and_the_outbox(
@@ -233,6 +302,22 @@ def test_lease_and_apply_spans(store: fencing.Store, spans: InMemorySpanExporter
     assert names == ["lease.acquire t-lease", "apply orders", "lease.release t-lease"]
     apply_span = spans.get_finished_spans()[1]
     assert dict(apply_span.attributes or {})["fencing.lease_token"] == lease.token
+
+
+def test_a_fenced_span_says_why(store: fencing.Store, spans: InMemorySpanExporter) -> None:
+    """Issue 18, item 2: a fenced commit's span carries ``fencing.fence_reason``; the
+    other outcomes' spans carry none."""
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 0})
+    lease = store.acquire(orders.lease_name("o-1"), owner="a", ttl=0.2)
+    time.sleep(0.3)
+    store.acquire(orders.lease_name("o-1"), owner="b", ttl=30)  # a newer owner
+    assert not orders.commit(orders.intent("o-1", "x"), {"n": 1}, lease=lease).committed
+    assert orders.commit(orders.intent("o-1", "y"), {"n": 1}).committed
+    fenced, committed = [s for s in spans.get_finished_spans() if s.name == "commit orders"]
+    assert dict(fenced.attributes or {})["fencing.outcome"] == "fenced"
+    assert dict(fenced.attributes or {})["fencing.fence_reason"] == "newer_owner"
+    assert "fencing.fence_reason" not in dict(committed.attributes or {})
 
 
 # -- the intent's format 3 ------------------------------------------------------------------------

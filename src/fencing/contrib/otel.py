@@ -77,6 +77,7 @@ class Tracing:
             "fencing.current_version": event.current_version,
             "fencing.intent_id": event.intent_id,
             "fencing.lease_token": event.token,
+            "fencing.fence_reason": event.fence_reason,  # newer_owner or expired
         }
         attributes.update({k: v for k, v in optional.items() if v is not None})
         if event.kind == "lease" and event.waits:

@@ -51,70 +51,82 @@ TIMED: Final = frozenset({"commit", "apply", "lease.acquire", "lease.renew", "le
 
 
 class Metrics:
-    """The observer that counts; one per registry (``enable`` makes it)."""
+    """The observer that counts; one per registry (``enable`` makes it).
+
+    No label carries a per-key value: ``collection`` is a collection's or table's name
+    (few, chosen in code), and a lease's name (per record by default, ``<name>/<key>``)
+    is no label at all: lease series are per store, operation and outcome. Every label
+    value comes from a bounded set, so the number of series does not grow with the
+    number of records or leases (the full names are in the logs and spans)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.outcomes = Counter(
             "fencing_outcomes",
-            "Outcomes of commits and applies, by store, target and outcome kind",
-            ["store", "kind", "collection", "operation", "outcome"],
+            "Outcomes of commits and applies, by store, target, outcome kind and, for a"
+            " fenced one, why (newer_owner or expired)",
+            ["store", "kind", "collection", "operation", "outcome", "fence_reason"],
             registry=registry,
         )
         self.latency = Histogram(
             "fencing_operation_seconds",
-            "Latency of commits, applies and lease operations, by store and target",
+            "Latency of commits, applies and lease operations, by store and target"
+            " (a lease operation's collection is empty: lease names are per record)",
             ["store", "kind", "collection", "operation"],
             buckets=(*BUCKETS, *BUCKETS_MORE),
             registry=registry,
         )
         self.leases = Counter(
             "fencing_lease_operations",
-            "Lease acquisitions, renewals and releases, by lease and what they came to",
-            ["store", "lease", "operation", "outcome"],
+            "Lease acquisitions, renewals and releases, by what they came to",
+            ["store", "operation", "outcome"],
             registry=registry,
         )
         self.waits = Counter(
             "fencing_lease_waits",
             "Times an acquire slept because the lease was held",
-            ["store", "lease"],
+            ["store"],
             registry=registry,
         )
         self.fencings = Counter(
             "fencing_fenced_commits",
-            "Commits refused because their lease lost to a newer owner or expired",
-            ["store", "kind", "collection"],
+            "Commits refused because their lease lost to a newer owner (newer_owner) or"
+            " ran out with nobody taking over (expired)",
+            ["store", "kind", "collection", "fence_reason"],
             registry=registry,
         )
         self._children: dict[tuple[str, ...], tuple[Any, Any, Any]] = {}
 
     def observe(self, event: Event) -> None:
-        # a label set's children are looked up once (``labels()`` checks and locks)
-        where = (event.store, event.kind, event.name, event.op, event.outcome)
-        children = self._children.get(where)
+        # a label set's children are looked up once (``labels()`` checks and locks);
+        # keyed by the label values only, so the cache is as bounded as the series
+        lease = event.kind == "lease"
+        reason = event.fence_reason or ""  # a FenceReason's value: newer_owner or expired
+        where = (event.store, event.kind, "" if lease else event.name, event.op, event.outcome)
+        children = self._children.get((*where, reason))
         if children is None:
-            children = self._children[where] = self._make(event)
+            children = self._children[(*where, reason)] = self._make(*where, reason)
         counter, timer, extra = children
         counter.inc()
         if extra is not None:
-            extra.inc(event.waits if event.kind == "lease" else 1)
+            extra.inc(event.waits if lease else 1)
         if timer is not None and event.seconds is not None:
             timer.observe(event.seconds)
 
-    def _make(self, event: Event) -> tuple[Any, Any, Any]:
+    def _make(
+        self, store: str, kind: str, name: str, op: str, outcome: str, reason: str
+    ) -> tuple[Any, Any, Any]:
         timer = None
-        if event.op in TIMED:
-            timer = self.latency.labels(event.store, event.kind, event.name, event.op)
-        if event.kind == "lease":
-            counter = self.leases.labels(event.store, event.name, event.op, event.outcome)
-            waits = (
-                self.waits.labels(event.store, event.name) if event.op == "lease.acquire" else None
-            )
+        if op in TIMED:
+            timer = self.latency.labels(store, kind, name, op)
+        if kind == "lease":
+            counter = self.leases.labels(store, op, outcome)
+            waits = self.waits.labels(store) if op == "lease.acquire" else None
             return counter, timer, waits
-        counter = self.outcomes.labels(event.store, event.kind, event.name, event.op, event.outcome)
+        counter = self.outcomes.labels(store, kind, name, op, outcome, reason)
         fenced = None
-        if event.outcome == "fenced":
-            fenced = self.fencings.labels(event.store, event.kind, event.name)
+        if outcome == "fenced":
+            fenced = self.fencings.labels(store, kind, name, reason)
         return counter, timer, fenced
 
 
