@@ -418,6 +418,26 @@ def test_records_handed_out_do_not_share_state_with_the_store(store: Any) -> Non
     assert dict(again.state) == {"items": [2], "meta": {"tags": ["b"]}}
 
 
+def test_a_records_state_is_written_by_json_dumps_as_it_is(store: Any) -> None:
+    """Every record a store hands out (created, committed, read, a table's row) has a
+    state ``json.dumps`` takes, and that refuses a change in place."""
+    orders = store.collection("orders")
+    state = {"items": [1, {"sku": "a"}], "meta": {"tags": ["b"], "none": None}}
+    created = orders.create("o-1", state)
+    out = orders.commit(created.intent("x"), {**created.state, "status": "packed"})
+    assert isinstance(out, Committed)
+    read = orders.get("o-1")
+    assert read is not None
+    for record, expected in [
+        (created, state),
+        (out.record, {**state, "status": "packed"}),
+        (read, {**state, "status": "packed"}),
+    ]:
+        assert json.loads(json.dumps(record.state)) == expected
+        with pytest.raises(TypeError):
+            record.state["status"] = "changed"
+
+
 # -- leases and fenced commits against a model, on a fake store clock ---------------------------
 class FakeClock:
     def __init__(self) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
+import pickle
 import random
 import re
 import time
@@ -403,6 +405,48 @@ def test_record_is_immutable_and_owns_its_state() -> None:
             setattr(record, name, value)
     with pytest.raises((AttributeError, TypeError)):
         record.extra = 1  # type: ignore[attr-defined]
+
+
+def test_record_state_is_a_json_object_that_refuses_changes() -> None:
+    """``json.dumps(record.state)`` works as it is (the state is a read-only ``dict``);
+    every way to change it in place raises ``TypeError``; copies, pickles and ``==``
+    with a plain dict work; a copy to change is a plain dict."""
+    state = {"status": "new", "items": [1, {"sku": "a"}], "meta": {"tags": ["x"], "n": None}}
+    record = make_record(state=json.loads(json.dumps(state)))
+    assert json.loads(json.dumps(record.state)) == state
+    assert json.loads(json.dumps(record.to_dict()))["state"] == state
+    assert record.state == state and state == record.state
+    attempts: list[Callable[[Any], object]] = [
+        lambda s: s.__setitem__("status", "x"),
+        lambda s: s.__delitem__("status"),
+        lambda s: s.clear(),
+        lambda s: s.pop("status"),
+        lambda s: s.pop("absent", None),
+        lambda s: s.popitem(),
+        lambda s: s.setdefault("new", 1),
+        lambda s: s.update(status="x"),
+        lambda s: s.update({}),
+        lambda s: s.__ior__({"status": "x"}),
+    ]
+    for attempt in attempts:
+        with pytest.raises(TypeError, match="read-only"):
+            attempt(record.state)
+    merged = record.state
+    with pytest.raises(TypeError):
+        merged |= {"status": "x"}
+    assert record.state == state
+    for copied in (dict(record.state), record.state.copy(), {**record.state}):
+        assert type(copied) is dict and copied == state
+        copied["status"] = "changed"  # a copy is the caller's to change
+    assert record.state | {"status": "x"} == {**state, "status": "x"}
+    assert record.state["status"] == "new"
+    for again in (pickle.loads(pickle.dumps(record)), copy.deepcopy(record), copy.copy(record)):
+        assert again == record and again.state == state
+        with pytest.raises(TypeError):
+            again.state["status"] = "x"  # type: ignore[index]
+    deep = copy.deepcopy(record)
+    assert deep.state["items"] is not record.state["items"]  # a deep copy is deep
+    assert repr(record).endswith(f"state={state!r}, kind='collection')")
 
 
 def test_record_intent_and_to_dict() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import enum
 import json
 import math
@@ -11,7 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Literal, NoReturn
 
 from ._errors import InvalidIdentifier, InvalidIntent, InvalidState
 from ._observe import HUB
@@ -75,8 +76,32 @@ class SkipType(enum.Enum):
 SKIP: Final = SkipType.SKIP
 
 
-def _frozen(state: Mapping[str, Any]) -> Mapping[str, Any]:
-    return state if isinstance(state, MappingProxyType) else MappingProxyType(dict(state))
+class FrozenState(dict[str, Any]):
+    """A record's state: a ``dict`` that refuses every change. Being a dict, it is
+    what the docs call it, a JSON object: ``json.dumps(record.state)`` writes it, ``==``
+    compares it with a plain dict, ``dict(record.state)`` is a copy to change. Only its
+    top level is frozen (as a ``MappingProxyType`` was, and no dearer to make): a list in
+    it is a plain value, never the store's."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(
+            "a record's state is read-only: change a copy, {**record.state, ...} or"
+            " dict(record.state)"
+        )
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenState, (dict(self),))  # (a dict's own pickling would set items)
+
+    def __copy__(self) -> FrozenState:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenState:
+        return FrozenState(copy.deepcopy(dict(self), memo))
 
 
 _set = object.__setattr__
@@ -112,7 +137,7 @@ class Record:
         _set(self, "key", key)
         _set(self, "version", version)
         _set(self, "fence", fence)
-        _set(self, "state", state if type(state) is MappingProxyType else _frozen(state))
+        _set(self, "state", state if type(state) is FrozenState else FrozenState(state))
         _set(self, "kind", kind)
 
     def __hash__(self) -> int:

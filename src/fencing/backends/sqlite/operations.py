@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from types import MappingProxyType
 from typing import Any
 
 from ..._effects import Effect, effect_from_row
@@ -40,8 +39,7 @@ def table_record(
     vcol = target.version_column
     version = table_version(values.pop(vcol), target, key) if vcol else 0
     values.pop(target.key_column, None)
-    # ``values`` is ours alone: hand it over read-only, without Record copying it.
-    return Record(target.name, key, version, fence, MappingProxyType(values), "table")
+    return Record(target.name, key, version, fence, values, "table")
 
 
 def read(conn: sqlite3.Connection, target: Target, key: str | int) -> Record | None:
