@@ -320,9 +320,9 @@ def test_relay_settings_are_checked(world: World, bad: dict[str, Any]) -> None:
 
 def test_a_relay_needs_a_publisher_and_its_store(world: World) -> None:
     with pytest.raises(fencing.ConfigurationError):
-        Relay(world.store, object())  # type: ignore[arg-type]
+        Relay(world.store, object())
     with pytest.raises(fencing.ConfigurationError):
-        AsyncRelay(world.store, Recorder())  # type: ignore[arg-type]
+        AsyncRelay(world.store, Recorder())
 
 
 # -- the integrations' outbox messages -------------------------------------------------------
@@ -548,3 +548,109 @@ def test_a_publisher_without_broker_confirms_is_refused() -> None:
         assert dramatiq_publisher(confirmed).broker is confirmed
     finally:
         confirmed.close()
+
+
+# -- issue 18, item 10: the confirms check asks kombu, not the URL string --------------------
+_NOWHERE = "pyamqp://guest@127.0.0.1:1//"  # nothing listens: a refusal made after connecting
+_REDIS = "redis://127.0.0.1:1/0"  # would be a connection error, not a ConfigurationError
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        pytest.param({"broker_url": f"{_REDIS};{_NOWHERE}"}, id="failover-string"),
+        pytest.param({"broker_url": [_REDIS, _NOWHERE]}, id="failover-list"),
+        pytest.param({"broker_url": [_NOWHERE.replace("pyamqp", "amqp")]}, id="amqp-alias"),
+        pytest.param({}, id="celery-default-broker"),
+        pytest.param({"broker_url": _REDIS, "broker_write_url": _NOWHERE}, id="write-url"),
+        pytest.param({"broker_url": f" {_NOWHERE}"}, id="leading-space"),
+        pytest.param({"broker_url": f"\t{_NOWHERE}"}, id="leading-tab"),
+        pytest.param(
+            {"broker_url": _NOWHERE, "broker_transport_options": {"confirm_publish": False}},
+            id="confirms-off",
+        ),
+        pytest.param(
+            {
+                "broker_url": f"{_NOWHERE};{_REDIS};{_NOWHERE.replace('1//', '2//')}",
+                "broker_write_url": None,
+            },
+            id="failover-amqp-first",
+        ),
+        pytest.param({"broker_url": "librabbitmq://guest@127.0.0.1:1//"}, id="librabbitmq"),
+    ],
+)
+def test_every_way_to_publish_to_amqp_without_confirms_is_refused(
+    conf: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fencing.contrib.celery import publisher as celery_publisher
+
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    monkeypatch.delenv("CELERY_BROKER_WRITE_URL", raising=False)
+    app = celery.Celery("bypass", set_as_current=False)
+    app.conf.update(conf)
+    with pytest.raises(fencing.ConfigurationError, match="confirm"):
+        celery_publisher(app)
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        pytest.param({"broker_url": _REDIS}, id="redis"),
+        pytest.param({"broker_url": "memory://"}, id="memory"),
+        pytest.param(
+            {
+                "broker_url": [_NOWHERE, _REDIS],
+                "broker_transport_options": {"confirm_publish": True},
+            },
+            id="failover-with-confirms",
+        ),
+        pytest.param(
+            {
+                "broker_url": _NOWHERE,
+                "broker_write_url": _REDIS,  # publishes to Redis; consumes from AMQP
+            },
+            id="write-url-redis",
+        ),
+    ],
+)
+def test_a_publisher_that_waits_for_its_broker_is_taken(
+    conf: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fencing.contrib.celery import publisher as celery_publisher
+
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    monkeypatch.delenv("CELERY_BROKER_WRITE_URL", raising=False)
+    app = celery.Celery("confirmed", set_as_current=False)
+    app.conf.update(conf)
+    assert celery_publisher(app).app is app  # and nothing connected (port 1)
+
+
+def test_a_dramatiq_rabbitmq_broker_without_confirms_is_refused_however_made() -> None:
+    pytest.importorskip("dramatiq")
+    pytest.importorskip("pika")
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+    from fencing.contrib.dramatiq import publisher as dramatiq_publisher
+
+    url = "amqp://guest:guest@127.0.0.1:1/"
+
+    class Unset(RabbitmqBroker):  # a subclass that never sets the switch
+        def __init__(self) -> None:
+            super().__init__(url=url, confirm_delivery=True)
+            del self.confirm_delivery
+
+    class Forgets(RabbitmqBroker):  # a class attribute saying nothing either way
+        confirm_delivery = None
+
+    brokers = [
+        RabbitmqBroker(url=url, confirm_delivery=0),
+        RabbitmqBroker(url=url, confirm_delivery=None),
+        Unset(),
+        Forgets(url=url, confirm_delivery=None),
+    ]
+    for broker in brokers:
+        try:
+            with pytest.raises(fencing.ConfigurationError, match="confirm_delivery"):
+                dramatiq_publisher(broker)
+        finally:
+            broker.close()

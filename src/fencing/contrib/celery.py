@@ -155,23 +155,67 @@ def publisher(app: Celery) -> CeleryPublisher:
     """The relay's publisher for Celery: rows sent with ``app.send_task``.
 
     On an AMQP broker (RabbitMQ) the app must publish with confirms
-    (``broker_transport_options={"confirm_publish": True}``), or it is refused with
-    ``ConfigurationError``: without them ``send_task`` returns once the message is on
-    the socket, and a connection lost then loses it while the relay marks it sent."""
+    (``broker_transport_options={"confirm_publish": True}``, py-amqp), or it is refused
+    with ``ConfigurationError``: without them ``send_task`` returns once the message is
+    on the socket, and a connection lost then loses it while the relay marks it sent.
+    What is checked is the connection Celery writes with, as kombu resolves it
+    (``broker_write_url`` before ``broker_url``, Celery's default AMQP broker when
+    neither is set), and every alternate of a failover list."""
     return CeleryPublisher(app)
 
 
 def _check_confirms(app: Celery) -> None:
-    url = str(app.conf.broker_url or app.conf.broker_write_url or "")
-    scheme = url.partition("://")[0].partition("+")[0].lower()
-    if scheme not in ("amqp", "amqps", "pyamqp", "librabbitmq"):
-        return
-    if not (app.conf.broker_transport_options or {}).get("confirm_publish"):
+    """Refuse an app whose writes could reach an AMQP broker without confirms: asked of
+    kombu, on the connection Celery publishes with (``app.connection_for_write()``:
+    ``broker_write_url`` or ``broker_url``, Celery's default broker when neither is set),
+    every alternate of a failover list, before anything connects."""
+    try:
+        conn = app.connection_for_write()
+    except ImportError as exc:  # the URL names a transport whose client is missing
         raise ConfigurationError(
-            f"the outbox relay publishes to {scheme}:// with Celery app {app.main!r}, which"
-            " does not wait for the broker's confirm: a row could be marked sent and lost."
-            ' Set app.conf.broker_transport_options = {"confirm_publish": True} (with'
-            " your other transport options)"
+            f"the outbox relay cannot tell whether Celery app {app.main!r} waits for the"
+            f" broker's confirm: its broker transport needs {exc.name}, which is not"
+            " installed"
+        ) from exc
+    try:
+        for alternate in conn.alt or [None]:
+            _check_transport(app, conn, alternate)
+    finally:
+        conn.release()
+
+
+def _check_transport(app: Celery, conn: Any, alternate: str | None) -> None:
+    """One alternate of the write connection (None: the connection as it is), seen as
+    kombu sees it after a failover to it (``switch`` on a clone: nothing connects)."""
+    from kombu.transport import get_transport_cls
+
+    if alternate is not None:
+        conn = conn.clone()
+        conn.switch(alternate)
+    try:
+        transport = get_transport_cls(conn.transport_cls)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the outbox relay cannot tell whether Celery app {app.main!r} waits for the"
+            f" broker's confirm: the transport {conn.transport_cls!r} needs {exc.name},"
+            " which is not installed"
+        ) from exc
+    if getattr(transport, "driver_type", None) != "amqp":
+        return  # Redis, SQS, ...: a publish returns once the broker has the message
+    name = getattr(transport, "driver_name", None)
+    if name != "py-amqp":
+        raise ConfigurationError(
+            f"the outbox relay publishes to AMQP with Celery app {app.main!r} through"
+            f" {name or transport.__name__}, which does not wait for the broker's confirm:"
+            " a row could be marked sent and lost. Use the pyamqp:// (amqp://) transport"
+            ' with broker_transport_options = {"confirm_publish": True}'
+        )
+    if not (conn.transport_options or {}).get("confirm_publish"):
+        raise ConfigurationError(
+            f"the outbox relay publishes to AMQP ({conn.as_uri()}) with Celery app"
+            f" {app.main!r}, which does not wait for the broker's confirm: a row could be"
+            " marked sent and lost. Set app.conf.broker_transport_options ="
+            ' {"confirm_publish": True} (with your other transport options)'
         )
 
 

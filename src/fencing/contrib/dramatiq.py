@@ -215,6 +215,27 @@ def _outbox_route(
     return "dramatiq", str(actor.actor_name), str(actor.queue_name), options
 
 
+def _check_confirms(broker: Broker) -> None:
+    """Refuse a broker that publishes to RabbitmqBroker without confirms (the Redis
+    broker answers every push). Dramatiq waits for confirms when the broker's
+    ``confirm_delivery`` is true (any true value), so that is what is read: on a
+    RabbitmqBroker or any subclass, a missing attribute (a subclass that never set it)
+    is no confirm; any other broker that has the switch must have it on."""
+    import sys
+
+    rabbitmq = sys.modules.get("dramatiq.brokers.rabbitmq")  # not loaded: no RabbitmqBroker
+    amqp = rabbitmq is not None and isinstance(broker, rabbitmq.RabbitmqBroker)
+    if (amqp or hasattr(broker, "confirm_delivery")) and not getattr(
+        broker, "confirm_delivery", False
+    ):
+        raise ConfigurationError(
+            f"the outbox relay publishes with a {type(broker).__name__} made without"
+            " confirm_delivery=True: a row could be marked sent and lost on a"
+            " connection lost right after the publish. Make the relay's broker with"
+            " RabbitmqBroker(..., confirm_delivery=True)"
+        )
+
+
 class DramatiqPublisher:
     """Sends outbox rows of Dramatiq actors with ``broker.enqueue`` (the relay's side):
     ``Message(queue_name, actor_name, args=(payload,))`` with the stored options and a
@@ -223,14 +244,7 @@ class DramatiqPublisher:
     kind = "dramatiq"
 
     def __init__(self, broker: Broker) -> None:
-        # RabbitmqBroker's own switch; the Redis broker answers every push
-        if getattr(broker, "confirm_delivery", True) is False:
-            raise ConfigurationError(
-                "the outbox relay publishes with a RabbitmqBroker made without"
-                " confirm_delivery=True: a row could be marked sent and lost on a"
-                " connection lost right after the publish. Make the relay's broker with"
-                " RabbitmqBroker(..., confirm_delivery=True)"
-            )
+        _check_confirms(broker)
         self.broker = broker
 
     def __repr__(self) -> str:
