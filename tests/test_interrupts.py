@@ -205,6 +205,12 @@ def _timer() -> Iterator[Callable[[float], None]]:
             raise Interrupt
 
     def arm(delay: float) -> None:
+        """``arm(0)``: off, the flag first, so that a signal already on its way is
+        handled as nothing, never as an interrupt of the test's own code after the call."""
+        if delay <= 0:
+            armed[0] = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            return
         armed[0] = True
         signal.setitimer(signal.ITIMER_REAL, delay)
 
