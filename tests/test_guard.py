@@ -322,3 +322,111 @@ def test_a_blind_orm_save_moves_the_version_on(engine: Any, guarded: Any) -> Non
         with pytest.raises(Exception, match="never moves backwards"):
             session.commit()
     assert guarded.get(1).version == 2 and guarded.get(1).state["status"] == "packed"
+
+
+# -- a custom version column; a schema-qualified table (issue 18, item 13) -------------------
+def _rev_table(run: Callable[[str], list[Any]], name: str) -> None:
+    run(f"DROP TABLE IF EXISTS {name}")
+    run(
+        f"CREATE TABLE {name} (id INTEGER NOT NULL PRIMARY KEY,"
+        " rev INTEGER NOT NULL DEFAULT 1, status VARCHAR(40))"
+    )
+    run(f"INSERT INTO {name} (id, status) VALUES (1, 'new')")
+
+
+def _rev(run: Callable[[str], list[Any]], name: str) -> int:
+    return int(run(f"SELECT rev FROM {name} WHERE id = 1")[0][0])
+
+
+def _guarded_and_removed(store: Any, backend_name: str, name: str) -> None:
+    """Guard ``name`` (a ``rev`` column), see it work, remove it, see it gone."""
+    store.guard_table(name, version="rev", key="id")
+    store.guard_table(name, version="rev", key="id")  # again: the same
+    with raw(store, backend_name) as run:
+        run(f"UPDATE {name} SET status = 'x' WHERE id = 1")
+        assert _rev(run, name) == 2
+        with pytest.raises(Exception, match="never moves backwards") as caught:
+            run(f"UPDATE {name} SET rev = 1 WHERE id = 1")
+        assert "fencing_guard_" + name.rpartition(".")[2] in str(caught.value)
+        assert isinstance(_translate(backend_name, caught.value), fencing.GuardRefused)
+    store.unguard_table(name)  # finds it without being told the column
+    store.unguard_table(name)
+    with raw(store, backend_name) as run:
+        run(f"UPDATE {name} SET status = 'y' WHERE id = 1")
+        assert _rev(run, name) == 2  # no trigger
+        run(f"UPDATE {name} SET rev = 1 WHERE id = 1")
+        assert _rev(run, name) == 1
+
+
+@on_sql
+def test_a_custom_version_column_is_guarded_and_removed(store: Any, backend_name: str) -> None:
+    with raw(store, backend_name) as run:
+        _rev_table(run, "revs_t")
+    _guarded_and_removed(store, backend_name, "revs_t")
+
+
+@contextmanager
+def _other_schema(store: Any, backend_name: str) -> Iterator[str]:
+    """A schema (PostgreSQL), database (MySQL) or attached database (SQLite) apart from
+    the store's own, dropped after."""
+    import uuid
+
+    if backend_name.startswith("sqlite"):
+        yield "main"  # SQLite's own database by its name; attached ones are per connection
+        return
+    name = "fencing_t_" + uuid.uuid4().hex[:16]
+    what = "SCHEMA" if backend_name == "postgresql" else "DATABASE"
+    with raw(store, backend_name) as run:
+        run(f"CREATE {what} {name}")
+    try:
+        yield name
+    finally:
+        with raw(store, backend_name) as run:
+            run(f"DROP {what} {name}" + (" CASCADE" if what == "SCHEMA" else ""))
+
+
+@on_sql
+def test_a_schema_qualified_table_is_guarded_and_removed(store: Any, backend_name: str) -> None:
+    with _other_schema(store, backend_name) as schema:
+        name = f"{schema}.revs_t"
+        with raw(store, backend_name) as run:
+            _rev_table(run, name)
+        _guarded_and_removed(store, backend_name, name)
+        # and fencing's commits on it move the version exactly once
+        store.guard_table(name, version="rev")
+        table = store.table(name, key="id", version="rev")
+        out = table.commit(table.intent(1, "ship"), {"status": "shipped"})
+        assert isinstance(out, fencing.Committed) and out.record.version == 2
+
+
+@pytest.mark.backends(only=lambda name: name.startswith("sqlite"))
+def test_the_sqlite_guard_needs_a_unique_key(store: Any, backend_name: str) -> None:
+    # SQLite's bump finds its row by the key: a shared key would bump every row that has it
+    with raw(store, backend_name) as run:
+        run("CREATE TABLE shared_k (rid INTEGER PRIMARY KEY, id INTEGER, version INTEGER)")
+        run("INSERT INTO shared_k (rid, id, version) VALUES (1, 7, 1), (2, 7, 1)")
+    with pytest.raises(fencing.SchemaError, match="must be unique"):
+        store.guard_table("shared_k", key="id")
+    with raw(store, backend_name) as run:
+        assert run("SELECT name FROM sqlite_master WHERE type = 'trigger'") == []
+    store.guard_table("shared_k", key="rid")
+
+
+@on_shared_sql
+@pytest.mark.apis(only=["sync"])  # the CLI is sync: one run is enough
+def test_the_cli_removes_a_custom_column_guard_on_a_qualified_table(
+    store: Any, store_url: str, backend_name: str, api: str
+) -> None:
+    with _other_schema(store, backend_name) as schema:
+        name = f"{schema}.revs_t"
+        with raw(store, backend_name) as run:
+            _rev_table(run, name)
+        args = ["migrate", store_url, "--guard-table", name, "--version-column", "rev"]
+        assert main(args) == 0
+        with raw(store, backend_name) as run:
+            run(f"UPDATE {name} SET status = 'x' WHERE id = 1")
+            assert _rev(run, name) == 2
+        assert main(["migrate", store_url, "--unguard-table", name]) == 0
+        with raw(store, backend_name) as run:
+            run(f"UPDATE {name} SET status = 'y' WHERE id = 1")
+            assert _rev(run, name) == 2

@@ -10,10 +10,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ._effects import Effect, EffectQuery, check_effect_key, check_limit
-from ._errors import InvalidIdentifier, InvalidInput, InvalidLeaseRequest, RecordNotFound
+from ._errors import (
+    InvalidIdentifier,
+    InvalidInput,
+    InvalidLeaseRequest,
+    RecordNotFound,
+    SchemaError,
+)
 from ._request import Target
 from ._rules import check_ttl
-from ._validate import check_column, check_name, is_unicode
+from ._validate import check_column, check_name, check_table, is_unicode
 
 __all__ = [
     "GUARD_PREFIX",
@@ -22,9 +28,11 @@ __all__ = [
     "check_declared",
     "check_lease_args",
     "check_owner",
+    "check_unique_key",
     "check_wait",
     "effect_ref",
     "found_effect",
+    "guard_name",
     "guard_refusal",
     "guard_target",
     "key_query",
@@ -38,7 +46,6 @@ MAX_OWNER_CHARS = 200
 #: A guard trigger's name is this prefix and the table's (``fencing_guard_orders``).
 GUARD_PREFIX = "fencing_guard_"
 # PostgreSQL keeps 63 bytes of a name, MySQL 64: the trigger's name must fit whole.
-_MAX_GUARDED_NAME = 63 - len(GUARD_PREFIX)
 
 
 #: What every guard trigger's refusal says (``errors.translate`` of each SQL backend
@@ -46,27 +53,51 @@ _MAX_GUARDED_NAME = 63 - len(GUARD_PREFIX)
 GUARD_REFUSAL = "refused by fencing: a version never moves backwards"
 
 
+def guard_name(target: Target) -> tuple[str | None, str]:
+    """The schema a guard trigger lives in (None: the table's, as found) and its name:
+    ``fencing_guard_<table>``, ``shop.orders``'s in ``shop``; it never depends on the
+    version column, so removing finds it whatever column it guards."""
+    schema, dot, table = target.name.rpartition(".")
+    return (schema if dot else None), GUARD_PREFIX + table
+
+
 def guard_refusal(target: Target) -> str:
     """The text of the database error a guard trigger raises: no quote in it (the names
-    are checked identifiers), at most 123 characters (MySQL's SIGNAL keeps 128)."""
-    return f"{GUARD_PREFIX}{target.name}: UPDATE {GUARD_REFUSAL}"
+    are checked identifiers), at most 124 characters (MySQL's SIGNAL keeps 128), naming
+    the trigger (``fencing_guard_orders``; ``shop.orders``'s too: no schema)."""
+    return f"{guard_name(target)[1]}: UPDATE {GUARD_REFUSAL}"
 
 
 def guard_target(name: object, key: object, version: object) -> Target:
-    """The table of ``store.guard_table()`` / ``unguard_table()``: checked identifiers,
-    and a name short enough for its trigger's (``fencing_guard_<table>``) to fit."""
+    """The table of ``store.guard_table()`` / ``unguard_table()``: checked identifiers
+    (the table's plain or ``schema.table``), and a name short enough for its trigger's
+    (``fencing_guard_<table>``) to fit."""
     target = Target(
         "table",
-        check_column(name, "table"),
+        check_table(name),
         check_column(key, "key column"),
         check_column(version, "version column"),
     )
-    if len(target.name) > _MAX_GUARDED_NAME:
+    _, trigger = guard_name(target)
+    if len(trigger) > 63:
         raise InvalidIdentifier(
             f"table name {target.name!r} is too long to guard: its trigger's name"
-            f" {GUARD_PREFIX + target.name!r} must fit in 63 characters"
+            f" {trigger!r} must fit in 63 characters"
         )
     return target
+
+
+def check_unique_key(target: Target, columns: frozenset[str], unique: frozenset[str]) -> None:
+    """Refuse a table whose key column is not unique on its own (``unique``: the columns
+    that are a one-column primary key or carry a one-column unique index, with no
+    predicate): a commit by a shared key would rewrite every row that has it. A key
+    column the table lacks is left to the caller (it says "has no column")."""
+    key = target.key_column
+    if key in columns and key not in unique:
+        raise SchemaError(
+            f"key column {key!r} of table {target.name!r} must be unique"
+            " (a primary key or a unique index on that column alone)"
+        )
 
 
 def check_declared(target: Target, columns: object) -> frozenset[str] | None:

@@ -25,7 +25,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
         print(f"migrated {store.url}")
         for table in args.guard_table or ():
             store.guard_table(table, version=args.version_column, key=args.key_column)
-            print(f"guarded table {table} (trigger fencing_guard_{table})")
+            print(f"guarded table {table} (trigger fencing_guard_{table.rpartition('.')[2]})")
         for table in args.unguard_table or ():
             store.unguard_table(table)
             print(f"unguarded table {table}")

@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Final
 
+from ..._checks import check_unique_key
 from ..._errors import AlreadyExists, SchemaError
 from ..._flow import Flow
 from ..._request import (
@@ -134,6 +135,9 @@ class MySQLFlows(EffectFlows, MySQLOutboxFlows):
     def migrate(self) -> Flow[None]:
         return _migrate()
 
+    def check_schema(self) -> Flow[None]:
+        return schema.check()
+
     @restarts_on_deadlock
     def columns(self, target: Target, declare: frozenset[str] | None) -> Flow[frozenset[str]]:
         name = target.name
@@ -141,6 +145,7 @@ class MySQLFlows(EffectFlows, MySQLOutboxFlows):
         script = Script()
         engine_at = script.add(sql.ENGINE, database or None, table)
         columns_at = script.add(sql.COLUMNS, database or None, table)
+        unique_at = script.add(sql.UNIQUE_INDEXES, database or None, table)
         results: list[Result] = yield script.batch()
         tables = results[engine_at].rows
         exact = [r for r in tables if r[0] == table]
@@ -154,7 +159,14 @@ class MySQLFlows(EffectFlows, MySQLOutboxFlows):
                 f"table {name!r} uses the {engine} engine: fencing guards InnoDB tables only"
                 " (its commits must be transactional)"
             )
-        return frozenset(str(c) for t, c in results[columns_at].rows if t == table_name)
+        names = frozenset(str(c) for t, c in results[columns_at].rows if t == table_name)
+        indexes: dict[str, list[str | None]] = {}
+        for t, index, column in results[unique_at].rows:
+            if t == table_name:  # a functional index's column is NULL (MySQL 8)
+                indexes.setdefault(str(index), []).append(None if column is None else str(column))
+        unique = frozenset(c[0] for c in indexes.values() if len(c) == 1 and c[0] is not None)
+        check_unique_key(target, names, unique)
+        return names
 
     @restarts_on_deadlock
     def read(self, target: Target, key: str | int) -> Flow[Record | None]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..._checks import GUARD_PREFIX, guard_refusal
+from ..._checks import guard_name, guard_refusal
 from ..._errors import SchemaError
 from ..._flow import Flow
 from ..._request import Target
@@ -24,7 +24,7 @@ __all__ = ["install", "remove", "trigger_body"]
 
 _FIND: Final = (
     "SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS"
-    " WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = %s"
+    " WHERE TRIGGER_SCHEMA = COALESCE(%s, DATABASE()) AND TRIGGER_NAME = %s"
 )
 
 
@@ -43,18 +43,25 @@ def install(target: Target, columns: frozenset[str]) -> Flow[None]:
     table's (the flow that calls this read them: the table exists and is InnoDB)."""
     if target.version_column not in columns:
         raise SchemaError(f"table {target.name!r} has no version column {target.version_column!r}")
-    name = GUARD_PREFIX + target.name
+    database, name = guard_name(target)
     body = trigger_body(target)
-    found: list[Result] = yield one(_FIND, name)
+    found: list[Result] = yield one(_FIND, database, name)
     if found[0].rows and str(found[0].rows[0][0]) == body:
         return
-    script = Script(f"DROP TRIGGER IF EXISTS {quote(name)}")
-    script.add(
-        f"CREATE TRIGGER {quote(name)} BEFORE UPDATE ON {quote(target.name)} FOR EACH ROW {body}"
-    )
+    trigger = _trigger(target)  # in the table's database (a trigger must be)
+    script = Script(f"DROP TRIGGER IF EXISTS {trigger}")
+    table = quote(target.name)
+    script.add(f"CREATE TRIGGER {trigger} BEFORE UPDATE ON {table} FOR EACH ROW {body}")
     yield script.batch()
 
 
 def remove(target: Target) -> Flow[None]:
     """Drop the trigger (fine if it is not there)."""
-    yield one(f"DROP TRIGGER IF EXISTS {quote(GUARD_PREFIX + target.name)}")
+    yield one(f"DROP TRIGGER IF EXISTS {_trigger(target)}")
+
+
+def _trigger(target: Target) -> str:
+    """The trigger's name, quoted: ``database``.``fencing_guard_<table>`` for a
+    ``database.table``, else ``fencing_guard_<table>`` in this database."""
+    database, name = guard_name(target)
+    return quote(name if database is None else f"{database}.{name}")

@@ -93,6 +93,11 @@ COLUMNS: Final = (
     "SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS"
     " WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s"
 )
+# Each unique index's columns (a one-column one: that column is unique on its own).
+UNIQUE_INDEXES: Final = (
+    "SELECT TABLE_NAME, INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS"
+    " WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s AND NON_UNIQUE = 0"
+)
 ENGINE: Final = (
     "SELECT TABLE_NAME, ENGINE, @@lower_case_table_names FROM information_schema.TABLES"
     " WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s"

@@ -13,6 +13,7 @@ import json.encoder
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from ..._checks import check_unique_key
 from ..._errors import AlreadyExists, SchemaError
 from ..._flow import Flow
 from ..._request import (
@@ -234,17 +235,16 @@ class PostgresFlows(EffectFlows, PostgresOutboxFlows):
     def migrate(self) -> Flow[None]:
         return schema.migrate(self.schema)
 
+    def check_schema(self) -> Flow[None]:
+        return schema.check(self.schema)
+
     def columns(self, target: Target, declare: frozenset[str] | None) -> Flow[frozenset[str]]:
         found: Answer = yield from read_only(Query(sql.COLUMNS, {"name": sql.quoted(target.name)}))
         if not found.rows:
             raise SchemaError(f"table {target.name!r} does not exist")
-        unique = {name for name, is_unique in found.rows if is_unique}
+        unique = frozenset(name for name, is_unique in found.rows if is_unique)
         names = frozenset(name for name, _ in found.rows)
-        if target.key_column in names and target.key_column not in unique:
-            raise SchemaError(
-                f"key column {target.key_column!r} of table {target.name!r} must be unique"
-                " (a primary key or a unique index on that column alone)"
-            )
+        check_unique_key(target, names, unique)
         return names
 
     def read(self, target: Target, key: str | int) -> Flow[Record | None]:

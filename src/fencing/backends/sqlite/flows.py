@@ -10,6 +10,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from ..._checks import check_unique_key
 from ..._effects import PENDING, PRUNABLE, Effect, EffectQuery, NewEffect
 from ..._errors import SchemaError
 from ..._flow import Flow
@@ -57,19 +58,18 @@ class SQLiteFlows(SQLiteOutboxFlows):
     def migrate(self) -> Flow[None]:
         yield Txn(schema.migrate)
 
+    def check_schema(self) -> Flow[None]:
+        yield Txn(schema.check, write=False)
+
     def columns(self, target: Target, declare: frozenset[str] | None) -> Flow[frozenset[str]]:
-        schema, dot, table = target.name.rpartition(".")  # ``main.orders``, attached ``x.t``
-        text = f"PRAGMA {quote(schema) + dot if dot else ''}table_info({quote(table)})"
-
-        def read(conn: Any, now: Any) -> list[Any]:
-            if dot and schema not in {r[1] for r in conn.execute("PRAGMA database_list")}:
-                return []
-            return list(conn.execute(text).fetchall())
-
-        rows: list[Any] = yield Txn(read, begin=False)
-        if not rows:
+        found: tuple[frozenset[str], frozenset[str]] | None = yield Txn(
+            lambda conn, now: op.describe(conn, target.name), begin=False
+        )
+        if found is None:
             raise SchemaError(f"table {target.name!r} does not exist")
-        return frozenset(r[1] for r in rows)
+        names, unique = found
+        check_unique_key(target, names, unique)
+        return names
 
     def read(self, target: Target, key: str | int) -> Flow[Record | None]:
         return txn(lambda conn, now: op.read(conn, target, key), write=False)

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import sqlite3
 
-from ..._checks import GUARD_PREFIX, guard_refusal
+from ..._checks import GUARD_PREFIX, check_unique_key, guard_name, guard_refusal
 from ..._errors import SchemaError
 from ..._request import Target
+from .operations import describe
 from .statements import quote
 
 __all__ = ["install", "remove", "trigger_names"]
@@ -28,13 +29,22 @@ LOW_PREFIX = "fencing_guardlow_"
 
 
 def trigger_names(target: Target) -> tuple[str, str]:
-    """The bump trigger's name and the refusal trigger's."""
-    return GUARD_PREFIX + target.name, LOW_PREFIX + target.name
+    """The bump trigger's name and the refusal trigger's (in the table's database)."""
+    name = guard_name(target)[1]
+    return name, LOW_PREFIX + name[len(GUARD_PREFIX) :]
+
+
+def _schema(target: Target) -> str:
+    """``"main".``, the table's database as a prefix of a trigger's name, or nothing."""
+    schema = guard_name(target)[0]
+    return "" if schema is None else quote(schema) + "."
 
 
 def _create(target: Target) -> tuple[str, str]:
-    bump, low = (quote(n) for n in trigger_names(target))
-    t, v = quote(target.name), quote(str(target.version_column))
+    # A trigger lives in its table's database and names the table unqualified there.
+    where = _schema(target)
+    bump, low = (where + quote(n) for n in trigger_names(target))
+    t, v = quote(target.name.rpartition(".")[2]), quote(str(target.version_column))
     k = quote(target.key_column)
     return (
         f"CREATE TRIGGER {bump} AFTER UPDATE ON {t} FOR EACH ROW"
@@ -48,23 +58,28 @@ def _create(target: Target) -> tuple[str, str]:
 
 def _drop(conn: sqlite3.Connection, target: Target) -> None:
     for name in trigger_names(target):
-        conn.execute(f"DROP TRIGGER IF EXISTS {quote(name)}")
+        conn.execute(f"DROP TRIGGER IF EXISTS {_schema(target)}{quote(name)}")
 
 
 def install(conn: sqlite3.Connection, target: Target) -> None:
-    """Check the table and its columns, then (re)create both triggers."""
-    rows = conn.execute(f"PRAGMA table_info({quote(target.name)})").fetchall()
-    if not rows:
+    """Check the table and its columns (the key unique: the bump finds its row by it),
+    then (re)create both triggers."""
+    found = describe(conn, target.name)
+    if found is None:
         raise SchemaError(f"table {target.name!r} does not exist")
-    names = {r[1] for r in rows}
+    names, unique = found
     for column, what in ((target.version_column, "version"), (target.key_column, "key")):
         if column not in names:
             raise SchemaError(f"table {target.name!r} has no {what} column {column!r}")
+    check_unique_key(target, names, unique)
     _drop(conn, target)
     for text in _create(target):
         conn.execute(text)
 
 
 def remove(conn: sqlite3.Connection, target: Target) -> None:
-    """Drop both triggers (fine if they are not there)."""
+    """Drop both triggers (fine if they are not there; a database not attached: nothing
+    to drop)."""
+    if guard_name(target)[0] is not None and describe(conn, target.name) is None:
+        return
     _drop(conn, target)

@@ -15,7 +15,7 @@ from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target, table_
 from ..._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from ..._values import Record
 from . import statements as sql
-from .statements import Statements
+from .statements import Statements, quote
 from .values import bound
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "commit",
     "create",
     "delete",
+    "describe",
     "effects",
     "judged",
     "probed",
@@ -30,6 +31,31 @@ __all__ = [
     "release",
     "renew",
 ]
+
+
+def describe(conn: sqlite3.Connection, name: str) -> tuple[frozenset[str], frozenset[str]] | None:
+    """Table ``name``'s columns (``schema.table`` too: ``main.orders``, an attached
+    database's) and those unique on their own, or None if there is no such table. Unique:
+    the column of a one-column primary key (an INTEGER PRIMARY KEY is the rowid and has no
+    index), and each column a unique index without a WHERE covers alone."""
+    schema, dot, table = name.rpartition(".")
+    if dot and schema not in {r[1] for r in conn.execute("PRAGMA database_list")}:
+        return None
+    prefix = quote(schema) + "." if dot else ""
+    info = conn.execute(f"PRAGMA {prefix}table_info({quote(table)})").fetchall()
+    if not info:
+        return None
+    primary = [r[1] for r in info if r[5]]
+    unique = set(primary) if len(primary) == 1 else set()
+    for index in conn.execute(f"PRAGMA {prefix}index_list({quote(table)})").fetchall():
+        _, index_name, is_unique, _, partial = index[:5]
+        if not is_unique or partial:
+            continue
+        quoted = '"' + str(index_name).replace('"', '""') + '"'  # the name may hold a dot
+        covered = conn.execute(f"PRAGMA {prefix}index_info({quoted})").fetchall()
+        if len(covered) == 1 and covered[0][2] is not None:  # None: an expression
+            unique.add(covered[0][2])
+    return frozenset(r[1] for r in info), frozenset(unique)
 
 
 def table_record(
