@@ -42,6 +42,7 @@ PUBLIC = [
     "LeaseHeld",
     "LeaseExpired",
     "LeaseLost",
+    "LockTimeout",
     "Missing",
     "MissingDependency",
     "Outbox",
@@ -57,6 +58,7 @@ PUBLIC = [
     "Record",
     "RecordNotFound",
     "SchemaError",
+    "SelfDeadlock",
     "Signer",
     "SkipType",
     "Skipped",
@@ -186,6 +188,8 @@ def test_every_error_derives_from_fencing_error() -> None:
     assert issubclass(fencing.LeaseLost, fencing.LeaseError)
     assert issubclass(fencing.LeaseExpired, fencing.LeaseLost)
     assert issubclass(fencing.TransientStoreError, fencing.StoreError)
+    assert issubclass(fencing.LockTimeout, fencing.TransientStoreError)
+    assert issubclass(fencing.SelfDeadlock, fencing.LockTimeout)
     assert issubclass(fencing.StoreClosed, fencing.StoreError)
     assert issubclass(fencing.WrongEventLoop, fencing.StoreError)
     assert issubclass(fencing.RecordNotFound, LookupError)

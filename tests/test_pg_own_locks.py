@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -99,3 +100,117 @@ def test_a_takeover_still_waits_for_the_commit_after_the_release(store: Any, pg:
             taker.close()
     finally:
         conn.close()
+
+
+# -- 5a: the store's own connections wait for a lock at most lock_timeout -----------------
+def test_the_lock_timeout_is_set_on_the_stores_own_connections(pg: Setup) -> None:
+    from fencing._url import StoreURL
+    from fencing.backends.postgres.settings import settings_from_url
+
+    for query, shown in (("", "5s"), ("&lock_timeout=0.25", "250ms"), ("&lock_timeout=0", "0")):
+        s = fencing.open(pg.url + query)
+        try:
+            with s.backend.pool.connection() as conn:
+                assert conn.execute("SHOW lock_timeout").fetchone() == (shown,)
+        finally:
+            s.close()
+    url = StoreURL.parse("postgresql://u@h/db")
+    for bad in ("-1", "x", "0.0001"):
+        with pytest.raises(fencing.ConfigurationError, match="lock_timeout"):
+            settings_from_url(url, {"lock_timeout": bad})
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["update", "select for update"])
+def test_a_commit_behind_your_own_transactions_lock_is_a_self_deadlock(
+    store: Any, pg: Setup, how: str
+) -> None:
+    """The row is locked by the same thread's open transaction, on a connection given to
+    store.using: the store's own commit on it is cancelled at once (well within the
+    lock_timeout, which would be the alternative), naming that connection."""
+    conn = lend(store, pg)
+    try:
+        store.using(conn)  # the connection is this thread's, fencing knows it
+        if how == "update":
+            conn.execute(f"UPDATE {TABLE} SET total = 11 WHERE id = 1")
+        else:
+            conn.execute(f"SELECT 1 FROM {TABLE} WHERE id = 1 FOR UPDATE")
+        intent = store.table(TABLE).intent(1, "ship")
+        with pytest.raises(fencing.SelfDeadlock, match=f"pid {conn.info.backend_pid}") as caught:
+            store.table(TABLE).commit(intent, {"status": "shipped"})
+        assert caught.value.pids == (conn.info.backend_pid,)
+        assert f'a row of "{TABLE}"' in str(caught.value)
+        assert isinstance(caught.value, fencing.TransientStoreError)
+        # the caller's transaction is untouched, and nothing of the commit was written
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.rollback()
+        assert isinstance(store.table(TABLE).commit(intent, {"status": "shipped"}), Committed)
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_takeover_behind_your_own_fenced_commit_is_a_self_deadlock(store: Any, pg: Setup) -> None:
+    conn = lend(store, pg)
+    try:
+        lease = store.acquire(LEASE, owner="old", ttl=30)
+        view = store.using(conn).table(TABLE)
+        assert isinstance(view.commit(view.intent(1, "a"), {"status": "a"}, lease=lease), Committed)
+        lease.release()  # free now, but the commit under its token is not committed yet
+        with pytest.raises(fencing.SelfDeadlock, match='a row of "fencing_leases"'):
+            store.acquire(LEASE, owner="new", ttl=30)
+        conn.commit()
+        assert store.acquire(LEASE, owner="new", ttl=30).token == lease.token + 1
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_async_a_commit_behind_your_own_transactions_lock(store: Any, pg: Setup) -> None:
+    async def main() -> None:
+        from .test_using_postgres import alend
+
+        astore = await fencing.open_async(pg.url)
+        conn = await alend(store, pg)
+        try:
+            view = astore.using(conn).table(TABLE)
+            assert isinstance(
+                await view.commit(await view.intent(1, "a"), {"status": "a"}), Committed
+            )
+            intent = await astore.table(TABLE).intent(2, "b")
+            await conn.execute(f"UPDATE {TABLE} SET total = 21 WHERE id = 2")
+            with pytest.raises(fencing.SelfDeadlock, match=f"pid {conn.info.backend_pid}"):
+                await astore.table(TABLE).commit(intent, {"status": "b"})
+            await conn.commit()
+            assert isinstance(await astore.table(TABLE).commit(intent, {"status": "b"}), Committed)
+        finally:
+            await conn.close()
+            await astore.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_lock_held_elsewhere_is_a_lock_timeout_retried_by_the_queues(pg: Setup) -> None:
+    """Another session (not given to store.using in this thread) holds the row: the
+    store's commit waits lock_timeout, then raises LockTimeout, which the queue
+    integrations retry; it is not a SelfDeadlock."""
+    from fencing.contrib._outcomes import Action, classify
+
+    s = fencing.open(pg.url + "&lock_timeout=0.3")
+    s.migrate()
+    create_table(s, TABLE, "id", "version", TABLE_COLUMNS, ROWS)
+    other = lend(s, pg)
+    try:
+        other.execute(f"SELECT 1 FROM {TABLE} WHERE id = 1 FOR UPDATE")  # never given to using
+        intent = s.table(TABLE).intent(1, "ship")
+        with pytest.raises(fencing.LockTimeout, match=f'a row of "{TABLE}"') as caught:
+            s.table(TABLE).commit(intent, {"status": "shipped"})
+        assert not isinstance(caught.value, fencing.SelfDeadlock)
+        assert "store.using(conn)" in str(caught.value)
+        assert classify(caught.value) == (Action.RETRY, "transient")
+        other.rollback()
+        assert isinstance(s.table(TABLE).commit(intent, {"status": "shipped"}), Committed)
+    finally:
+        other.close()
+        s.close()

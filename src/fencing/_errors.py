@@ -30,8 +30,12 @@ store that could not be reached::
         ├── GuardRefused                     a table's guard trigger refused an UPDATE that
         │                                    set its version lower (``store.guard_table``)
         └── TransientStoreError              connection dropped, busy, timeout: the outcome
-                                             is unknown; retry with the *same* intent and
-                                             expect Duplicate if the first try landed
+            │                                is unknown; retry with the *same* intent and
+            │                                expect Duplicate if the first try landed
+            └── LockTimeout                  fencing's own connection waited its lock_timeout
+                │                            for a lock another transaction holds
+                └── SelfDeadlock             ... held by your own open transaction, in this
+                                             thread (or task): it could never be granted
 """
 
 from __future__ import annotations
@@ -50,11 +54,13 @@ __all__ = [
     "LeaseExpired",
     "LeaseHeld",
     "LeaseLost",
+    "LockTimeout",
     "MissingDependency",
     "OutboxRowError",
     "OutboxRowNotDead",
     "RecordNotFound",
     "SchemaError",
+    "SelfDeadlock",
     "StoreClosed",
     "StoreError",
     "TransientStoreError",
@@ -191,3 +197,23 @@ class TransientStoreError(StoreError):
     Retry with the same intent: if the first attempt landed, the retry reports
     ``Duplicate`` and nothing is written twice.
     """
+
+
+class LockTimeout(TransientStoreError):
+    """A statement on one of the store's own connections waited the store's lock timeout
+    (PostgreSQL: the URL's ``lock_timeout``, default 5 s; MySQL: InnoDB's
+    ``innodb_lock_wait_timeout``) for a lock another transaction holds, and was cancelled
+    whole: nothing of it was written. Retryable: the queue integrations retry it.
+    ``pids``: the server sessions that held it, when known."""
+
+    def __init__(self, message: str, pids: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.pids = pids
+
+
+class SelfDeadlock(LockTimeout):
+    """The lock is held by your own open transaction, on a connection of this thread (or
+    asyncio task) that you gave to ``store.using``: it would be released only when that
+    transaction ends, and your code is waiting here, so it could never be granted. Make
+    the call through ``store.using(conn)`` (it then runs inside your transaction), or end
+    your transaction first. ``pids`` holds that connection's server pid."""

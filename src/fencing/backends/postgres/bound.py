@@ -27,6 +27,8 @@ flows, their steps run inside the caller's transaction (``docs/transactions.md``
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,7 +57,7 @@ from .statements import NOW, quoted
 from .statements import qualified as _qualified
 from .steps import Answer, Pipeline, Query, Step, answer, has_rows
 
-__all__ = ["AsyncPostgresBoundBackend", "PostgresBoundBackend", "bind"]
+__all__ = ["AsyncPostgresBoundBackend", "PostgresBoundBackend", "bind", "held_here"]
 
 R = TypeVar("R")
 
@@ -86,9 +88,56 @@ def bind(parent: Any, borrowed: Borrowed) -> Any:
             f"a postgresql store joins psycopg (3) connections, or SQLAlchemy sessions and"
             f" connections on postgresql+psycopg, not {borrowed.kind}"
         )
+    if isinstance(borrowed.source, (psycopg.Connection, psycopg.AsyncConnection)):
+        _hold(borrowed.source)
     if borrowed.asynchronous:
         return AsyncPostgresBoundBackend(parent, borrowed)
     return PostgresBoundBackend(parent, borrowed)
+
+
+# -- whose transaction a borrowed connection holds (``watch.py``) ------------------------
+_HELD: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+_HELD_LOCK: Final = threading.Lock()
+_OPEN: Final = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+
+
+def _owner() -> tuple[int, int]:
+    """The current thread, and asyncio task (0: none)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    return threading.get_ident(), 0 if task is None else id(task)
+
+
+def _hold(conn: Any) -> None:
+    """``conn`` (given to ``store.using``) is the current thread's (or task's)."""
+    try:
+        with _HELD_LOCK:
+            _HELD[conn] = _owner()
+    except TypeError:  # cannot be weakly referenced: not watched
+        pass
+
+
+def held_here(info: Any) -> frozenset[int]:
+    """The server pids of the current thread's (or task's) borrowed connections that are
+    in a transaction, on the server and database ``info`` (a connection's) describes."""
+    if not _HELD:
+        return frozenset()
+    owner = _owner()
+    with _HELD_LOCK:
+        mine = [conn for conn, who in _HELD.items() if who == owner]
+    where = (info.host, info.port, info.dbname)
+    pids = set()
+    for conn in mine:
+        found = conn.info
+        if (
+            not conn.closed
+            and found.transaction_status in _OPEN
+            and (found.host, found.port, found.dbname) == where
+        ):
+            pids.add(found.backend_pid)
+    return frozenset(pids)
 
 
 @lru_cache(maxsize=2048)
@@ -384,6 +433,8 @@ class PostgresBoundBackend(_Tables, BoundBackend):
             return None
         queries = _plan(step, self.parent.schema)
         name = _SAVEPOINT if _joins(conn) else None
+        if name is not None:
+            _hold(conn)
         try:
             if name is None:
                 return _result(step, _send(conn, queries, isinstance(step, Pipeline)))
@@ -475,6 +526,8 @@ class AsyncPostgresBoundBackend(_Tables, AsyncBoundBackend):
             return None
         queries = _plan(step, self.parent.schema)
         name = _SAVEPOINT if _joins(conn) else None
+        if name is not None:
+            _hold(conn)
         try:
             if name is None:
                 return _result(step, await _asend(conn, queries, isinstance(step, Pipeline)))

@@ -31,12 +31,13 @@ from .._base import FlowBackend
 from .._contract import AsyncBackend, Backend, Flows
 from .._pool import Pool
 from . import bound
-from .errors import CONFIG_STATES, CONFIG_TEXT, translate
+from .errors import CONFIG_STATES, CONFIG_TEXT, self_deadlock, translate
 from .flows import PostgresFlows
 from .listen import AsyncPostgresWaker, PostgresWaker
 from .settings import Settings
-from .statements import SEARCH_PATH, qualified
+from .statements import qualified
 from .steps import Answer, Query, Step, answer, has_rows
+from .watch import Watched, watchdog
 
 __all__ = ["AsyncPostgresBackend", "PostgresBackend"]
 
@@ -103,8 +104,7 @@ class PostgresBackend(_Postgres, FlowBackend):
         settings = self.settings
         conn = psycopg.connect(settings.conninfo, autocommit=True, **settings.connect_kwargs)
         try:
-            if settings.schema is not None:
-                conn.execute(SEARCH_PATH, {"schema": settings.schema})
+            conn.execute(*settings.session())
         except BaseException:
             conn.close()
             raise
@@ -154,12 +154,22 @@ class PostgresBackend(_Postgres, FlowBackend):
 
     def _run(self, step: Step) -> Answer | list[Answer]:
         pool = self.pool
+        watched: Watched | None = None
         try:
             slot = pool.get()
             conn = slot.conn
             assert conn is not None
             try:
-                found = self._execute(conn, step)
+                mine = bound.held_here(conn.info)
+                if not mine:
+                    found = self._execute(conn, step)
+                else:  # this thread has a transaction open through store.using: watched
+                    dog = watchdog(self.settings.conninfo)
+                    watched = dog.watch(conn, mine)
+                    try:
+                        found = self._execute(conn, step)
+                    finally:
+                        dog.done(watched)
             except (psycopg.Error, UnicodeError):
                 # The server refused a statement: the connection is reused only if it is
                 # back at rest (a broken one, or one left in a transaction, is closed).
@@ -176,6 +186,8 @@ class PostgresBackend(_Postgres, FlowBackend):
             pool.put(slot)
             return found
         except (psycopg.Error, UnicodeError) as exc:
+            if watched is not None and watched.blocker is not None:
+                raise self_deadlock(exc, watched.blocker) from exc
             raise translate(exc) from exc
 
     def _execute(self, conn: psycopg.Connection[Any], step: Step) -> Answer | list[Answer]:
@@ -214,8 +226,7 @@ class AsyncPostgresBackend(_Postgres, AsyncFlowBackend):
         )
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        if self.settings.schema is not None:
-            await conn.execute(SEARCH_PATH, {"schema": self.settings.schema})
+        await conn.execute(*self.settings.session())
 
     async def connect(self) -> None:
         """Check that the server answers (with its own error if not), then open the pool."""
@@ -241,11 +252,21 @@ class AsyncPostgresBackend(_Postgres, AsyncFlowBackend):
         return found
 
     async def _run(self, step: Step) -> Answer | list[Answer]:
+        watched: Watched | None = None
         try:
             # psycopg_pool gives a connection it handed to a cancelled waiter back itself.
             conn = await self.pool.getconn()
             try:
-                return await self._execute(conn, step)
+                mine = bound.held_here(conn.info)
+                if not mine:
+                    return await self._execute(conn, step)
+                # this task has a transaction open through store.using: watched
+                dog = watchdog(self.settings.conninfo)
+                watched = dog.watch(conn, mine)
+                try:
+                    return await self._execute(conn, step)
+                finally:
+                    dog.done(watched)
             except (psycopg.Error, UnicodeError):
                 raise
             except BaseException:
@@ -258,6 +279,8 @@ class AsyncPostgresBackend(_Postgres, AsyncFlowBackend):
                 # its pool (putconn rolls back a transaction left open, discards a closed one).
                 await asyncio.shield(self.pool.putconn(conn))
         except (psycopg.Error, UnicodeError) as exc:
+            if watched is not None and watched.blocker is not None:
+                raise self_deadlock(exc, watched.blocker) from exc
             raise translate(exc) from exc
 
     async def _execute(

@@ -2,7 +2,9 @@
 
     psycopg.Error
     ├── connection lost, admin shutdown, pool timeout,
-    │   serialization failure, deadlock, lock or statement timeout  -> TransientStoreError
+    │   serialization failure, deadlock, statement timeout          -> TransientStoreError
+    ├── lock timeout (lock_timeout, 55P03)                         -> LockTimeout
+    ├── ... cancelled by the watchdog: your own transaction's lock  -> SelfDeadlock
     ├── undefined table / column / schema                          -> SchemaError
     ├── a value the column or jsonb cannot hold                    -> InvalidInput / InvalidState
     ├── a guard trigger's refusal (check_violation, ``guard``)      -> GuardRefused
@@ -27,13 +29,23 @@ from ..._errors import (
     GuardRefused,
     InvalidInput,
     InvalidState,
+    LockTimeout,
     SchemaError,
+    SelfDeadlock,
     StoreClosed,
     StoreError,
     TransientStoreError,
 )
 
-__all__ = ["CONFIG_STATES", "CONFIG_TEXT", "Deadlock", "Disconnected", "Retry", "translate"]
+__all__ = [
+    "CONFIG_STATES",
+    "CONFIG_TEXT",
+    "Deadlock",
+    "Disconnected",
+    "Retry",
+    "self_deadlock",
+    "translate",
+]
 
 
 class Retry(TransientStoreError):
@@ -50,7 +62,14 @@ class Deadlock(TransientStoreError):
     whole: nothing was written, so a batch may simply run again."""
 
 
-_TRANSIENT: Final = frozenset({"40001", "40P01", "55P03", "57014", "53300", "53400"})
+_TRANSIENT: Final = frozenset({"40001", "40P01", "57014", "53300", "53400"})
+_RELATION: Final = re.compile(r'in relation "([^"]+)"')
+_OWN_TRANSACTION: Final = (
+    "if your own open transaction holds it (it updated or locked that row:"
+    " select_for_update(), an UPDATE, a fenced commit through store.using), this call"
+    " would wait for it forever: end that transaction first, or make a commit inside it"
+    " through store.using(conn)"
+)
 _DISCONNECTED: Final = frozenset({"57P01", "57P02", "57P03"})
 _UNDEFINED: Final = frozenset({"42P01", "42703", "3F000"})
 _UNSTORABLE: Final = frozenset({"22P05", "22021"})  # jsonb: \u0000, bad encoding
@@ -65,11 +84,36 @@ CONFIG_TEXT: Final = re.compile(
 )
 
 
+def _locked(diag: object) -> str:
+    """What the statement waited for, from the error's context: ``a row of "orders"``."""
+    found = _RELATION.search(str(getattr(diag, "context", None) or ""))
+    return f'a row of "{found.group(1)}"' if found else "a lock"
+
+
+def self_deadlock(exc: Exception, pid: int) -> SelfDeadlock:
+    """The error for a statement of the store's own that the watchdog (``watch.py``)
+    cancelled: it waited for a lock of connection ``pid``, the same thread's."""
+    what = _locked(getattr(exc, "diag", None))
+    return SelfDeadlock(
+        f"postgresql: a statement on the store's own connection waited for {what} locked"
+        f" by your own open transaction, on connection pid {pid} (given to store.using in"
+        " this thread): it could never be granted while your code waits here, so it was"
+        " cancelled, and nothing of it was written. End (commit or roll back) that"
+        " transaction first, or make a commit inside it through store.using(conn)",
+        (pid,),
+    )
+
+
 def translate(exc: Exception) -> FencingError:
     """The fencing error for a driver error (``raise translate(exc) from exc``)."""
     state = getattr(exc, "sqlstate", None) or ""
     diag = getattr(exc, "diag", None)
     text = f"postgresql: {str(exc).strip() or type(exc).__name__}"
+    if state == "55P03":  # lock_timeout (or NOWAIT): the statement was cancelled whole
+        return LockTimeout(
+            f"{text}: another transaction holds {_locked(diag)} for longer than the store's"
+            f" lock_timeout; nothing of the statement was written. {_OWN_TRANSACTION}"
+        )
     if state == "23505" and getattr(diag, "constraint_name", None) == "fencing_applied_pkey":
         return Retry(text)
     if state == "23502" and getattr(diag, "table_name", None) == "fencing_applied":

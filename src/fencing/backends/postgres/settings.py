@@ -14,6 +14,7 @@ from psycopg.conninfo import make_conninfo
 from ..._errors import ConfigurationError, InvalidIdentifier
 from ..._url import StoreURL
 from ..._validate import check_column
+from .statements import SESSION, SESSION_IN_SCHEMA
 
 __all__ = ["Settings", "settings_from_url"]
 
@@ -32,6 +33,16 @@ class Settings:
     max_size: int = 10
     pool_timeout: float = 30.0
     connect_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: seconds a statement on the store's own connections waits for a lock (0: no limit)
+    lock_timeout: float = 5.0
+
+    def session(self) -> tuple[str, dict[str, Any]]:
+        """The statement (and its parameters) that sets up each of the store's own
+        connections: its lock timeout, and its schema first on the search path."""
+        params: dict[str, Any] = {"lock_timeout": f"{round(self.lock_timeout * 1000)}ms"}
+        if self.schema is None:
+            return SESSION, params
+        return SESSION_IN_SCHEMA, {**params, "schema": self.schema}
 
     def pool_kwargs(self) -> dict[str, Any]:
         return {
@@ -71,6 +82,12 @@ def settings_from_url(url: StoreURL, options: Mapping[str, Any]) -> Settings:
     if max_size < min_size:
         raise ConfigurationError(f"postgresql max_size={max_size} is below min_size={min_size}")
     pool_timeout = _number("pool_timeout", merged.pop("pool_timeout", 30.0), 0.001, float)
+    lock_timeout = _number("lock_timeout", merged.pop("lock_timeout", 5.0), 0, float)
+    if 0 < lock_timeout < 0.001:
+        raise ConfigurationError(
+            f"postgresql option lock_timeout={lock_timeout!r} must be 0 (no limit) or at"
+            " least 0.001 (seconds)"
+        )
     connect_kwargs: dict[str, Any] = {}
     if "prepare_threshold" in merged:
         raw = merged.pop("prepare_threshold")
@@ -93,4 +110,6 @@ def settings_from_url(url: StoreURL, options: Mapping[str, Any]) -> Settings:
     except psycopg.ProgrammingError as exc:
         raise ConfigurationError(f"postgresql URL: {exc}") from exc
     where = f"{params['host'] or 'localhost'}:{params['port'] or 5432}/{params['dbname'] or ''}"
-    return Settings(conninfo, where, schema, min_size, max_size, pool_timeout, connect_kwargs)
+    return Settings(
+        conninfo, where, schema, min_size, max_size, pool_timeout, connect_kwargs, lock_timeout
+    )

@@ -20,8 +20,12 @@ NOW: Final = "extract(epoch FROM now())::float8"
 
 
 # -- fencing's tables in the store's schema; a guarded table's columns -----------------
-SEARCH_PATH: Final = (
-    "SELECT set_config('search_path',"
+# Each of the store's own connections, once: its lock timeout (a statement that waits
+# longer for a lock is cancelled whole: ``LockTimeout``), and its schema first on its
+# search path.
+SESSION: Final = "SELECT set_config('lock_timeout', %(lock_timeout)s, false)"
+SESSION_IN_SCHEMA: Final = (
+    f"{SESSION}, set_config('search_path',"
     " quote_ident(%(schema)s) || ', ' || current_setting('search_path'), false)"
 )
 COLUMNS: Final = (
