@@ -12,6 +12,7 @@ import fencing
 
 from . import _backends
 from ._backends import CASES, TABLE_COLUMNS
+from ._signals import _signals_as_they_were  # noqa: F401  (autouse: every test)
 from ._syncify import Loop, Syncified
 
 # server backends register their cases on import

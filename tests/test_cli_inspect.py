@@ -266,9 +266,10 @@ def test_stats_and_inspect_refuse_an_unmigrated_store(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     assert main(["stats", url]) == 2
-    assert "SchemaError" in capsys.readouterr().err
+    assert "StoreNotMigrated: no fencing store at" in capsys.readouterr().err
     assert main(["inspect", url, "orders", "o-1"]) == 2
-    assert "SchemaError" in capsys.readouterr().err
+    assert "StoreNotMigrated: no fencing store at" in capsys.readouterr().err
+    assert not (tmp_path / "empty.db").exists()  # and not made (issue 18, item 9)
 
 
 def test_a_terminal_gets_a_panel_and_a_table(

@@ -67,6 +67,7 @@ PUBLIC = [
     "Store",
     "StoreClosed",
     "StoreError",
+    "StoreNotMigrated",
     "Table",
     "TransientStoreError",
     "UnknownOutboxRow",
@@ -191,6 +192,7 @@ def test_every_error_derives_from_fencing_error() -> None:
     assert issubclass(fencing.LockTimeout, fencing.TransientStoreError)
     assert issubclass(fencing.SelfDeadlock, fencing.LockTimeout)
     assert issubclass(fencing.StoreClosed, fencing.StoreError)
+    assert issubclass(fencing.StoreNotMigrated, fencing.SchemaError)
     assert issubclass(fencing.WrongEventLoop, fencing.StoreError)
     assert issubclass(fencing.RecordNotFound, LookupError)
     for outbox_error in ("UnknownOutboxRow", "OutboxRowNotDead"):

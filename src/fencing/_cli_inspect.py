@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.applied <= MAX_APPLIED:
         raise InvalidInput(f"--applied takes a count from 0 to {MAX_APPLIED}, not {args.applied}")
-    with fencing.open(args.url, migrate=False) as store:
+    with fencing.open(args.url, migrate="check") as store:
         shown = inspect(store, args)
     if isinstance(shown, str):
         print(shown, file=sys.stderr)

@@ -60,7 +60,7 @@ def stats(store: Store) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import fencing
 
-    with fencing.open(args.url, migrate=False) as store:
+    with fencing.open(args.url, migrate="check") as store:
         shown = stats(store)
     if args.json or not sys.stdout.isatty() or not _table(shown):
         print(json.dumps(shown, indent=2, sort_keys=True))

@@ -17,6 +17,8 @@ store that could not be reached::
     │   │                                    or credentials the server refuses (not retried)
     │   └── MissingDependency (ImportError)  a backend's driver is not installed
     ├── SchemaError                          guarded table or column missing, schema too new
+    │   └── StoreNotMigrated                 open(url, migrate="check"): no store there, or
+    │                                        an older one (``fencing migrate URL``)
     ├── AlreadyExists                        create() on a key that is present
     ├── RecordNotFound (LookupError)         intent() for a key that does not exist
     ├── LeaseError
@@ -63,6 +65,7 @@ __all__ = [
     "SelfDeadlock",
     "StoreClosed",
     "StoreError",
+    "StoreNotMigrated",
     "TransientStoreError",
     "UnknownOutboxRow",
     "WrongEventLoop",
@@ -123,6 +126,19 @@ class MissingDependency(ConfigurationError, ImportError):
 
 class SchemaError(FencingError):
     """A guarded table or column does not exist, or the store's schema is unknown."""
+
+
+class StoreNotMigrated(SchemaError):
+    """``fencing.open(url, migrate="check")`` found no fencing store at ``url`` (no file,
+    schema, database tables or keys of fencing's), or one at an older schema version:
+    nothing was created or changed; ``fencing migrate URL`` makes or upgrades it.
+    ``found`` is the store's schema version (None: there is no store), ``expected``
+    this fencing's."""
+
+    def __init__(self, message: str, found: int | None = None, expected: int | None = None):
+        super().__init__(message)
+        self.found = found
+        self.expected = expected
 
 
 class AlreadyExists(FencingError):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from ._astore import AsyncStore
-from ._errors import ConfigurationError, InvalidInput, MissingDependency
+from ._errors import ConfigurationError, InvalidInput, MissingDependency, StoreNotMigrated
 from ._store import Store
 from ._storebase import StoreOptions
 from ._url import BACKENDS, StoreURL
@@ -66,6 +66,36 @@ def _sqlite_text(url: Any, drivername: str) -> str:
     return f"{drivername}:///{database}" + (f"?{query}" if query else "")
 
 
+#: ``migrate=``: True makes or upgrades fencing's tables; False touches nothing and checks
+#: nothing; "check" touches nothing and requires a store there at this fencing's schema.
+Migrate = bool | Literal["check"]
+
+
+def _check_migrate(migrate: object) -> None:
+    if migrate is not True and migrate is not False and migrate != "check":
+        raise InvalidInput(f'migrate must be True, False or "check", not {migrate!r}')
+
+
+def _backend_options(module: Any, migrate: Migrate, options: dict[str, Any]) -> dict[str, Any]:
+    """A backend whose open makes the store (an SQLite file) is told not to, to check."""
+    if migrate == "check" and getattr(module, "CREATES_ON_OPEN", False):
+        return {**options, "create": False}
+    return options
+
+
+def _not_migrated(url: StoreURL, exc: StoreNotMigrated) -> StoreNotMigrated:
+    """The opener's message: the store's URL (redacted) and what to run."""
+    shown = url.redacted()
+    if exc.found is None:
+        text = f"no fencing store at {shown} ({exc}): run `fencing migrate URL` first"
+    else:
+        text = (
+            f"the fencing store at {shown} is at schema version {exc.found}, older than"
+            f" this fencing's ({exc.expected}): run `fencing migrate URL` to upgrade it"
+        )
+    return StoreNotMigrated(f"{text}; nothing was created or changed", exc.found, exc.expected)
+
+
 def _store_options(max_state_bytes: int, retention: float) -> StoreOptions:
     if isinstance(max_state_bytes, bool) or not isinstance(max_state_bytes, int):
         raise InvalidInput("max_state_bytes must be an integer")
@@ -79,12 +109,15 @@ def _store_options(max_state_bytes: int, retention: float) -> StoreOptions:
 def open(
     url: str | object,
     *,
-    migrate: bool = True,
+    migrate: Migrate = True,
     max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
     retention: float = DEFAULT_RETENTION,
     **backend_options: Any,
 ) -> Store:
-    """Open a store. ``migrate=False`` skips creating fencing's own tables on open.
+    """Open a store. ``migrate=False`` skips creating fencing's own tables on open;
+    ``migrate="check"`` creates and changes nothing (not even an SQLite file) and raises
+    ``StoreNotMigrated`` unless a store is there at this fencing's schema (what a
+    monitor or a relay wants: a mistyped URL is an error, not a new empty store).
 
     URLs: ``sqlite:///app.db`` (``?synchronous=normal`` trades durability of the last
     commits on power loss for speed), ``sqlite://:memory:``, ``memory://``,
@@ -93,12 +126,24 @@ def open(
     ``sqlite+pysqlite:///app.db``). ``url`` may also be a SQLAlchemy ``Engine`` (or
     ``URL``): fencing opens its own connections to the engine's database.
     """
+    _check_migrate(migrate)
     parsed = StoreURL.parse(store_url_text(url))
     options = _store_options(max_state_bytes, retention)
-    backend: Backend = _module(parsed.scheme).open_backend(parsed, **backend_options)
+    module = _module(parsed.scheme)
     try:
-        if migrate:
+        backend: Backend = module.open_backend(
+            parsed, **_backend_options(module, migrate, backend_options)
+        )
+    except StoreNotMigrated as exc:
+        raise _not_migrated(parsed, exc) from None
+    try:
+        if migrate == "check":
+            backend.check_schema()
+        elif migrate:
             backend.migrate()
+    except StoreNotMigrated as exc:
+        backend.close()
+        raise _not_migrated(parsed, exc) from None
     except BaseException:
         backend.close()
         raise
@@ -108,7 +153,7 @@ def open(
 async def open_async(
     url: str | object,
     *,
-    migrate: bool = True,
+    migrate: Migrate = True,
     max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
     retention: float = DEFAULT_RETENTION,
     **backend_options: Any,
@@ -118,14 +163,24 @@ async def open_async(
     ``url`` may also be a SQLAlchemy ``AsyncEngine`` (``mysql+aiomysql://``,
     ``postgresql+psycopg://``, ``sqlite+aiosqlite://``) or ``Engine``.
     """
+    _check_migrate(migrate)
     parsed = StoreURL.parse(store_url_text(url))
     options = _store_options(max_state_bytes, retention)
-    backend: AsyncBackend = await _module(parsed.scheme).open_async_backend(
-        parsed, **backend_options
-    )
+    module = _module(parsed.scheme)
     try:
-        if migrate:
+        backend: AsyncBackend = await module.open_async_backend(
+            parsed, **_backend_options(module, migrate, backend_options)
+        )
+    except StoreNotMigrated as exc:
+        raise _not_migrated(parsed, exc) from None
+    try:
+        if migrate == "check":
+            await backend.check_schema()
+        elif migrate:
             await backend.migrate()
+    except StoreNotMigrated as exc:
+        await backend.close()
+        raise _not_migrated(parsed, exc) from None
     except BaseException:
         await backend.close()
         raise

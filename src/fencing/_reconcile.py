@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import fencing
 
-    with fencing.open(args.url) as store:
+    with fencing.open(args.url, migrate="check") as store:
         marked = []
         for key in args.mark:
             before = store.get_effect(key)

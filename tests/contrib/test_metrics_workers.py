@@ -9,6 +9,7 @@ And a trace context that travels to a real arq worker in the intent of its messa
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import urllib.request
 import uuid
@@ -80,8 +81,11 @@ def test_rq_worker_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         enqueue_intent(queue, obs_jobs.ship, intent)
         enqueue_intent(queue, obs_jobs.ship, intent)  # a second delivery: Duplicate
         worker = prometheus.rq_worker_class(SimpleWorker, port=port)([queue], connection=conn)
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
         worker.work(burst=True)
         assert scraped(port, "obs_orders") == {"committed": 1.0, "duplicate": 1.0}
+        # RQ's request_stop (SIGINT, SIGTERM) and its job timeout (SIGALRM) are gone
+        assert {s: signal.getsignal(s) for s in handlers} == handlers
     finally:
         queue.delete(delete_jobs=True)
         conn.close()

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -548,6 +550,26 @@ def test_a_publisher_without_broker_confirms_is_refused() -> None:
         assert dramatiq_publisher(confirmed).broker is confirmed
     finally:
         confirmed.close()
+
+
+def test_relay_command_gives_sigterm_back(tmp_path: Path) -> None:
+    """``fencing relay`` (looping) stops on SIGTERM; run in a process that goes on, it
+    leaves SIGTERM as it found it, not its own handler behind."""
+    before = signal.getsignal(signal.SIGTERM)
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    fencing.open(url).close()  # made and migrated
+
+    def stop_it() -> None:  # once the relay's handler is in place
+        while signal.getsignal(signal.SIGTERM) == before:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop_it, daemon=True)
+    stopper.start()
+    argv = ["relay", url, "--queue", "celery", "--poll", "0.05", "--quiet"]
+    assert main([*argv, "--app", "tests.contrib.test_relay:APP"]) == 0
+    stopper.join()
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 # -- issue 18, item 10: the confirms check asks kombu, not the URL string --------------------

@@ -63,6 +63,9 @@ class AsyncFlowBackend:
     async def migrate(self) -> None:
         await self._drive(self.flows.migrate())
 
+    async def check_schema(self) -> None:
+        await self._drive(self.flows.check_schema())
+
     async def columns(
         self, target: Target, declare: frozenset[str] | None = None
     ) -> frozenset[str]:

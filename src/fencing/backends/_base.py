@@ -48,6 +48,9 @@ class FlowBackend:
     def migrate(self) -> None:
         self._drive(self.flows.migrate())
 
+    def check_schema(self) -> None:
+        self._drive(self.flows.check_schema())
+
     def columns(self, target: Target, declare: frozenset[str] | None = None) -> frozenset[str]:
         return self._drive(self.flows.columns(target, declare))
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from .._effects import Effect, EffectQuery, NewEffect, effect_from_row, pending, prunable
-from .._errors import AlreadyExists, ConfigurationError, SchemaError
+from .._errors import AlreadyExists, ConfigurationError, SchemaError, StoreNotMigrated
 from .._outbox import (
     OutboxClaim,
     OutboxMessage,
@@ -127,6 +127,9 @@ class MemoryBackend:
 
     def migrate(self) -> None:
         return None
+
+    def check_schema(self) -> None:
+        raise StoreNotMigrated("a memory store is made empty by each open", None, None)
 
     def close(self) -> None:
         return None

@@ -111,7 +111,7 @@ def _change(store: Any, args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     import fencing
 
-    with fencing.open(args.url) as store:
+    with fencing.open(args.url, migrate="check") as store:
         if args.retry or args.drop:
             return _change(store, args)
         stats = store.outbox.stats(kind=args.kind)

@@ -263,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .relay import Relay
 
-    with fencing.open(args.url) as store:
+    with fencing.open(args.url, migrate="check") as store:
         relay = Relay(
             store,
             _publisher(args.queue, app),
@@ -309,7 +309,7 @@ async def _run_async(args: argparse.Namespace, app: Any, terminate: _Terminate) 
 
     from .relay import AsyncRelay
 
-    store = await fencing.open_async(args.url)
+    store = await fencing.open_async(args.url, migrate="check")
     try:
         relay = AsyncRelay(
             store,

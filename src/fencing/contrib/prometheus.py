@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
@@ -237,6 +238,22 @@ def serve(port: int, addr: str = "127.0.0.1") -> CollectorRegistry:
 
 
 # -- the workers' helpers ---------------------------------------------------------------------
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """Every signal handler put back, after, as it was before (main thread only: the
+    only thread that can set one)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in signal.valid_signals()}
+    try:
+        yield
+    finally:
+        for signum, handler in kept.items():
+            if handler is not None and signal.getsignal(signum) != handler:
+                signal.signal(signum, handler)
+
+
 def celery_metrics(app: Any, *, port: int | None = None, addr: str = "127.0.0.1") -> None:
     """Celery: the worker serves the metrics on ``port`` (signal ``worker_init``, in the
     main process) and every pool process counts (``worker_process_init``). With the
@@ -262,7 +279,10 @@ def celery_metrics(app: Any, *, port: int | None = None, addr: str = "127.0.0.1"
 def rq_worker_class(base: type[Any] | None = None, *, port: int | None = None) -> type[Any]:
     """RQ: a worker class (``rq worker --worker-class``, or ``rq_worker_class()(...)``)
     that enables the metrics, and serves them on ``port``, before it works. Its work
-    horses are forked: set ``PROMETHEUS_MULTIPROC_DIR`` so their counts are kept."""
+    horses are forked: set ``PROMETHEUS_MULTIPROC_DIR`` so their counts are kept.
+    When ``work()`` returns (a burst worker run in a process that goes on), the signal
+    handlers RQ installed for it (SIGINT and SIGTERM's ``request_stop``, a job timeout's
+    SIGALRM) are put back as they were: a later Ctrl-C is the process's again."""
     if base is None:
         from rq import Worker
 
@@ -274,7 +294,8 @@ def rq_worker_class(base: type[Any] | None = None, *, port: int | None = None) -
                 enable()
             else:
                 serve(port)
-            return super().work(*args, **kwargs)
+            with _signal_handlers_kept():
+                return super().work(*args, **kwargs)
 
     return FencingMetricsWorker
 

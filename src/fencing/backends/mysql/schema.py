@@ -6,11 +6,11 @@ import importlib.resources
 import re
 from typing import Final
 
-from ..._errors import SchemaError
+from ..._errors import SchemaError, StoreNotMigrated
 from ..._flow import Flow
 from .steps import Result, Script
 
-__all__ = ["DDL", "SCHEMA_VERSION", "TABLES", "migrate"]
+__all__ = ["DDL", "SCHEMA_VERSION", "TABLES", "check", "migrate"]
 
 # 2: fencing_effects (1 -> 2 only added a table);
 # 3: an applied intent is keyed by (scope, intent_id, key_text): an id names work on one key;
@@ -88,3 +88,31 @@ def migrate() -> Flow[None]:
             script.add(_DEAD_ROWS)
         script.add(_SCHEMA_BUMP, SCHEMA_VERSION, SCHEMA_VERSION)
         yield script.batch()
+
+
+_HAS_SCHEMA_TABLE: Final = (
+    "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()"
+    " AND TABLE_NAME = 'fencing_schema'"
+)
+
+
+def check() -> Flow[None]:
+    """Read only: ``StoreNotMigrated`` unless fencing's tables are in the URL's
+    database at this fencing's version (``SchemaError`` if newer)."""
+    script = Script()
+    has = script.add(_HAS_SCHEMA_TABLE)
+    results: list[Result] = yield script.batch()
+    if not int(results[has].rows[0][0]):
+        raise StoreNotMigrated("no fencing tables in this database", None, SCHEMA_VERSION)
+    script = Script()
+    at = script.add(_SCHEMA_READ)
+    results = yield script.batch()
+    rows = results[at].rows
+    version = int(rows[0][0]) if rows else None
+    if version is not None and version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"this store's schema is version {version}, newer than this fencing"
+            f" ({SCHEMA_VERSION}); upgrade fencing"
+        )
+    if version != SCHEMA_VERSION:
+        raise StoreNotMigrated(f"schema version {version}", version, SCHEMA_VERSION)

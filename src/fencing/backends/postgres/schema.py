@@ -7,12 +7,12 @@ import importlib.resources
 import re
 from typing import Final
 
-from ..._errors import SchemaError
+from ..._errors import SchemaError, StoreNotMigrated
 from ..._flow import Flow
 from .statements import quoted
 from .steps import Answer, Pipeline, Query, read_only
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "migrate"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "check", "migrate"]
 
 # 2: fencing_effects (1 -> 2 only added a table and its indexes);
 # 3: an applied intent is keyed by (scope, intent_id, key): an id names work on one key;
@@ -83,3 +83,17 @@ def migrate(schema: str | None) -> Flow[None]:
     queries.append(Query(_SCHEMA_VERSION))
     answers: list[Answer] = yield Pipeline(tuple(queries))
     _not_newer(answers[-1].rows[0][0])
+
+
+def check(schema: str | None) -> Flow[None]:
+    """Read only (nothing created, not even ``schema``): ``StoreNotMigrated`` unless
+    fencing's tables are in ``schema`` (default: the current one) at this version."""
+    found: Answer = yield from read_only(Query(_HAS_SCHEMA_TABLE, {"schema": schema}))
+    where = "the current schema" if schema is None else f"schema {schema!r}"
+    if not found.rows[0][0]:
+        raise StoreNotMigrated(f"no fencing tables in {where}", None, SCHEMA_VERSION)
+    have: Answer = yield from read_only(Query(_SCHEMA_VERSION))
+    stored = int(have.rows[0][0]) if have.rows else None
+    _not_newer(stored)
+    if stored != SCHEMA_VERSION:
+        raise StoreNotMigrated(f"schema version {stored} in {where}", stored, SCHEMA_VERSION)

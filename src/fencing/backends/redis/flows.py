@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from ..._errors import AlreadyExists, ConfigurationError, SchemaError
+from ..._errors import AlreadyExists, ConfigurationError, SchemaError, StoreNotMigrated
 from ..._flow import Flow
 from ..._request import CommitRequest, CommitResult, LeaseAnswer, Target
 from ..._validate import check_column
@@ -73,6 +73,22 @@ class RedisFlows(LookFlows):
                 f" ({SCHEMA_VERSION}); upgrade fencing"
             )
         yield Load()
+
+    def check_schema(self) -> Flow[None]:
+        """Read only: the schema key (``<prefix>:schema``) at this fencing's version."""
+        (found,) = yield from send([("GET", self.settings.layout.schema)])
+        version = None if found is None else as_int(found)
+        if version is None:
+            raise StoreNotMigrated(
+                f"no {self.settings.layout.schema!r} key in this Redis", None, SCHEMA_VERSION
+            )
+        if version > SCHEMA_VERSION:
+            raise SchemaError(
+                f"this store's schema is version {version}, newer than this fencing"
+                f" ({SCHEMA_VERSION}); upgrade fencing"
+            )
+        if version < SCHEMA_VERSION:
+            raise StoreNotMigrated(f"schema version {version}", version, SCHEMA_VERSION)
 
     def columns(self, target: Target, declare: frozenset[str] | None) -> Flow[frozenset[str]]:
         """A table's declared columns; with ``declare``, add those to the declaration first."""

@@ -23,7 +23,16 @@ from .driver import SQLiteBackend
 from .schema import SCHEMA_VERSION
 from .settings import settings_from_url
 
-__all__ = ["SCHEMA_VERSION", "SQLiteBackend", "open_async_backend", "open_backend"]
+__all__ = [
+    "CREATES_ON_OPEN",
+    "SCHEMA_VERSION",
+    "SQLiteBackend",
+    "open_async_backend",
+    "open_backend",
+]
+
+#: opening a file makes it: ``fencing.open(url, migrate="check")`` passes ``create=False``
+CREATES_ON_OPEN = True
 
 
 def open_backend(url: StoreURL, **options: Any) -> SQLiteBackend:

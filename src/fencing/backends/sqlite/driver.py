@@ -10,15 +10,17 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 import weakref
 from typing import Any
 
 from ..._borrow import Borrowed
-from ..._errors import ConfigurationError
+from ..._errors import ConfigurationError, StoreNotMigrated
 from .._base import FlowBackend
 from .bound import SQLiteBoundBackend, bind
 from .errors import translate
 from .flows import SQLiteFlows, Txn
+from .schema import SCHEMA_VERSION
 from .settings import Settings
 
 __all__ = ["SQLiteBackend"]
@@ -48,15 +50,17 @@ class SQLiteBackend(FlowBackend):
 
     def _connect(self) -> sqlite3.Connection:
         settings = self.settings
+        existing = not settings.create and not settings.memory
         try:
             conn = sqlite3.connect(
-                settings.path,
+                _read_write_uri(settings.path) if existing else settings.path,
                 timeout=settings.busy_timeout,
                 isolation_level=None,
                 check_same_thread=False,
                 cached_statements=256,
+                uri=existing,
             )
-            if not settings.memory:
+            if not settings.memory and not existing:
                 mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
                     raise ConfigurationError(f"sqlite: could not enable WAL (got {mode})")
@@ -65,6 +69,8 @@ class SQLiteBackend(FlowBackend):
             # file (`fencing bench`: a temp file cost ~15 us of a ~60 us commit).
             conn.execute("PRAGMA temp_store=MEMORY")
         except sqlite3.Error as exc:
+            if existing and not os.path.exists(settings.path):
+                raise StoreNotMigrated("no such file", None, SCHEMA_VERSION) from None
             raise translate(exc) from exc
         return conn
 
@@ -119,6 +125,11 @@ class SQLiteBackend(FlowBackend):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _read_write_uri(path: str) -> str:
+    """``path`` as an SQLite URI that opens it read-write and never creates it."""
+    return f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=rw"
 
 
 def _abort(conn: sqlite3.Connection, exc: BaseException) -> None:

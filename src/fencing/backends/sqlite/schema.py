@@ -7,9 +7,9 @@ import re
 import sqlite3
 from typing import Final
 
-from ..._errors import SchemaError
+from ..._errors import SchemaError, StoreNotMigrated
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "migrate"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "check", "migrate"]
 
 # 2: effects; 3: applied intents by (scope, id, key); 4: outbox; 5: the outbox's dead rows
 SCHEMA_VERSION: Final = 5
@@ -66,3 +66,24 @@ def migrate(conn: sqlite3.Connection, now: float) -> None:
         conn.execute(
             "UPDATE fencing_schema SET version = ? WHERE component = 'core'", (SCHEMA_VERSION,)
         )
+
+
+_HAS_SCHEMA_TABLE: Final = (
+    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'fencing_schema'"
+)
+
+
+def check(conn: sqlite3.Connection, now: float) -> None:
+    """Read only: ``StoreNotMigrated`` unless fencing's schema is in this file at this
+    fencing's version (``SchemaError`` if newer)."""
+    if not conn.execute(_HAS_SCHEMA_TABLE).fetchone()[0]:
+        raise StoreNotMigrated("no fencing tables in this file", None, SCHEMA_VERSION)
+    row = conn.execute("SELECT version FROM fencing_schema WHERE component = 'core'").fetchone()
+    found = None if row is None else int(row[0])
+    if found is not None and found > SCHEMA_VERSION:
+        raise SchemaError(
+            f"this store's schema is version {found}, newer than this fencing"
+            f" ({SCHEMA_VERSION}); upgrade fencing"
+        )
+    if found != SCHEMA_VERSION:
+        raise StoreNotMigrated(f"schema version {found}", found, SCHEMA_VERSION)

@@ -18,11 +18,14 @@ _SYNC_MODES: Final = {"full": "FULL", "normal": "NORMAL", "extra": "EXTRA"}
 class Settings:
     """``path`` (``:memory:`` for a private in-memory database), ``synchronous`` (SQLite's
     PRAGMA: FULL by default; NORMAL trades the last commits on power loss for speed) and
-    ``busy_timeout`` (seconds another process's write lock is waited for)."""
+    ``busy_timeout`` (seconds another process's write lock is waited for). ``create``
+    False (``fencing.open(url, migrate="check")``): a file that does not exist is not
+    made, and an existing one is not switched to WAL (fencing's own already is)."""
 
     path: str
     synchronous: str = "FULL"
     busy_timeout: float = 30.0
+    create: bool = True
 
     @property
     def memory(self) -> bool:
@@ -42,7 +45,10 @@ def settings_from_url(url: StoreURL, options: dict[str, Any]) -> Settings:
         busy = math.nan
     if not 0 <= busy <= 3600:  # also refuses nan and inf
         raise ConfigurationError("sqlite busy_timeout must be 0 to 3600 seconds")
+    create = options.pop("create", True)
+    if not isinstance(create, bool):
+        raise ConfigurationError("sqlite create must be True or False")
     unknown = (set(url.options) - {"synchronous", "busy_timeout"}) | set(options)
     if unknown:
         raise ConfigurationError(f"unknown sqlite option(s) {sorted(unknown)}")
-    return Settings(url.path, mode, busy)
+    return Settings(url.path, mode, busy, create)
