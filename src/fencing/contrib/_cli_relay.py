@@ -253,8 +253,16 @@ class _Terminate:
 
 def run(args: argparse.Namespace) -> int:
     terminate = _Terminate()
-    if not args.once:
-        signal.signal(signal.SIGTERM, terminate)
+    if args.once:
+        return _relay(args, terminate)
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        return _relay(args, terminate)
+    finally:  # (a relay run in a process that goes on: SIGTERM is the process's again)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _relay(args: argparse.Namespace, terminate: _Terminate) -> int:
     _logging(args.log_level)
     app = load_app(args.app)
     if args.queue == "arq":
