@@ -52,8 +52,11 @@ _SA = {
     ("sqlalchemy", "AsyncConnection"): "async_connection",
 }
 _ASYNC_SA = {"async_session", "async_connection"}
+#: Django's database wrappers, by the module of their driver (``DatabaseWrapper.Database``).
+_DJANGO_DRIVERS = {"psycopg": "psycopg", "sqlite3": "sqlite3", "pymysql": "pymysql"}
 _SUPPORTED = (
-    "a psycopg 3, PyMySQL or sqlite3 connection, or a SQLAlchemy Session or Connection"
+    "a psycopg 3, PyMySQL or sqlite3 connection, a SQLAlchemy Session or Connection, or"
+    " a Django connection"
     " (an async store: psycopg's AsyncConnection, aiomysql, aiosqlite, or a SQLAlchemy"
     " AsyncSession or AsyncConnection)"
 )
@@ -125,6 +128,9 @@ def _borrow(obj: object, *, asynchronous: bool) -> Borrowed:
     kind = _family(obj, _ASYNC_DRIVERS)
     if kind is not None:
         return _checked(Borrowed(kind, obj, aget=lambda: _ready(obj)), obj, asynchronous)
+    wrapper = _django_wrapper(obj)
+    if wrapper is not None:
+        return _checked(_django(wrapper, obj), obj, asynchronous)
     shape = _family(obj, _SA)
     if shape is None:
         raise InvalidInput(f"store.using() takes {_SUPPORTED}, not {_what(obj)}")
@@ -220,3 +226,35 @@ def _async_connection_get(conn: Any) -> Callable[[], Any]:
         return (await conn.get_raw_connection()).driver_connection
 
     return aget
+
+
+def _django_wrapper(obj: Any) -> Any:
+    """The ``DatabaseWrapper`` behind Django's ``connection`` proxy or ``connections[alias]``
+    (None if ``obj`` is neither)."""
+    cls = type(obj)
+    if cls.__module__ == "django.utils.connection" and cls.__name__ == "ConnectionProxy":
+        return obj._connections[obj._alias]
+    for base in cls.__mro__:
+        if base.__module__.startswith("django.db.backends.") and base.__name__ in (
+            "BaseDatabaseWrapper",
+            "DatabaseWrapper",
+        ):
+            return obj
+    return None
+
+
+def _django(wrapper: Any, source: object) -> Borrowed:
+    driver = getattr(getattr(wrapper, "Database", None), "__name__", "?")
+    kind = _DJANGO_DRIVERS.get(driver.split(".", 1)[0])
+    if kind is None:
+        raise InvalidInput(
+            f"store.using(): Django's database {wrapper.alias!r} runs on {wrapper.vendor}"
+            f" through {driver}; fencing joins Django's transactions on psycopg (3), sqlite3"
+            " and PyMySQL (installed as MySQLdb)"
+        )
+
+    def get() -> Any:
+        wrapper.ensure_connection()
+        return wrapper.connection
+
+    return Borrowed(kind, source, get=get)

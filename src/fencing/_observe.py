@@ -41,7 +41,7 @@ class Event:
     ``fence_reason``: ``"newer_owner"`` or ``"expired"`` for a fenced outcome, else None.
     ``kind`` is ``"collection"``, ``"table"`` or ``"lease"``; ``name`` the collection,
     table or lease name. ``seconds`` and ``started_ns`` (wall clock) are set only while
-    an observer is on.
+    an observer is on. ``origin``: the store (see below).
     """
 
     op: str
@@ -60,6 +60,9 @@ class Event:
     waits: int = 0  # lease.acquire: how many times it slept while the lease was held
     seconds: float | None = None
     started_ns: int | None = None
+    #: the store the operation ran on (the store itself for a view of ``store.using``):
+    #: an observer may tell stores apart by it (an object: never put it in a label)
+    origin: object = None
 
     @property
     def committed(self) -> bool:

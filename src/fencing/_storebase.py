@@ -308,6 +308,7 @@ class TargetBase:
             fence_reason=outcome.reason.value if isinstance(outcome, Fenced) else None,
             seconds=seconds,
             started_ns=wall,
+            origin=_root(self._store),
         )
         HUB.emit(event)
 

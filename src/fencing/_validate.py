@@ -7,10 +7,11 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from ._errors import InvalidIdentifier, InvalidState
-from ._types import as_carried, column_value, type_name
+from ._types import as_carried, column_value, decimal_chars, type_name
 
 __all__ = [
     "DEFAULT_MAX_STATE_BYTES",
@@ -26,6 +27,9 @@ __all__ = [
 
 DEFAULT_MAX_STATE_BYTES = 1 << 20  # 1 MiB of JSON per record
 MAX_KEY_CHARS = 512
+#: A guard travels in an intent (at most 64 KiB): its Decimals, written out as a store
+#: binds them, take at most as much (one ``_types.MAX_DECIMAL_CHARS`` each, at most).
+MAX_GUARD_DECIMAL_CHARS = 64 * 1024
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-.:/]{0,127}")
 # Plain SQL identifiers, the subset every dialect we support accepts unquoted.
@@ -70,7 +74,14 @@ def check_table(name: object) -> str:
 def mapped_table(obj: object, version: str | None) -> tuple[str, str, str | None]:
     """``(name, key column, version column)`` of a SQLAlchemy mapped class or ``Table``,
     read duck-typed (SQLAlchemy is not imported): the table's name with its schema, its
-    one-column primary key, the mapper's ``version_id_col`` or else ``version``."""
+    one-column primary key, the mapper's ``version_id_col`` or else ``version``.
+    A Django model (read through its ``_meta``; Django is not imported either): its
+    ``db_table``, its primary key's column and, when it has one, the column of its
+    version field (a field with ``fencing_version = True``, such as
+    ``fencing.contrib.django.VersionField``)."""
+    meta: Any = getattr(obj, "_meta", None)
+    if isinstance(obj, type) and isinstance(getattr(meta, "db_table", None), str):
+        return _django_table(meta, version)
     table: Any = getattr(obj, "__table__", obj)
     name, schema = getattr(table, "name", None), getattr(table, "schema", None)
     primary = getattr(getattr(table, "primary_key", None), "columns", None)
@@ -88,6 +99,21 @@ def mapped_table(obj: object, version: str | None) -> tuple[str, str, str | None
     if mapped is not None:
         version = mapped.name
     return (f"{schema}.{name}" if schema else name), keys[0], version
+
+
+def _django_table(meta: Any, version: str | None) -> tuple[str, str, str | None]:
+    if meta.proxy:
+        meta = meta.concrete_model._meta
+    pk = meta.pk
+    if pk is None or getattr(pk, "column", None) is None:
+        raise InvalidIdentifier(
+            f"Django model {meta.label} has no one-column primary key: fencing guards"
+            " tables with a one-column key"
+        )
+    for field in meta.local_concrete_fields:
+        if getattr(field, "fencing_version", False):
+            version = field.column
+    return meta.db_table, pk.column, version
 
 
 def check_key(key: object) -> str | int:
@@ -236,6 +262,7 @@ def check_guard(guard: object, *, table: bool = False) -> dict[str, Any] | None:
     if not isinstance(guard, Mapping) or not guard:
         raise InvalidState("a guard must be a non-empty mapping of field names to values")
     out: dict[str, Any] = {}
+    wide = 0  # the guard's Decimals written out (as a store binds them), in all
     for field, value in guard.items():
         check_column(field, "guard field")
         if isinstance(value, enum.Enum):
@@ -247,6 +274,13 @@ def check_guard(guard: object, *, table: bool = False) -> dict[str, Any] | None:
                     + ("" if table else f" (a collection holds JSON), not {type_name(value)}")
                 )
             value = as_carried(column_value(value, f"guard value for {field!r}"))
+            if type(value) is Decimal:
+                wide += decimal_chars(value)
+                if wide > MAX_GUARD_DECIMAL_CHARS:
+                    raise InvalidState(
+                        f"guard value for {field!r}: the guard's Decimals, written out, take"
+                        f" more than {MAX_GUARD_DECIMAL_CHARS} characters"
+                    )
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidState(f"guard value for {field!r} must be finite")
         if type(value) is int and not -(2**63) <= value < 2**63:

@@ -1,0 +1,83 @@
+"""The Django app: ``INSTALLED_APPS = [..., "fencing.contrib.django"]``."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from django.apps import AppConfig, apps
+
+from ..._observe import Event, add_observer
+from .signals import fenced_commit
+from .stores import alias_of, close_stores
+
+__all__ = ["FencingConfig"]
+
+_COMMITS = frozenset({"commit", "commit_many", "apply"})
+_patched = threading.Lock()
+
+
+class FencingConfig(AppConfig):  # type: ignore[misc]
+    name = "fencing.contrib.django"
+    label = "fencing"
+    verbose_name = "fencing"
+
+    def ready(self) -> None:
+        add_observer(_SIGNAL)
+        _close_before_test_db_destroyed()
+
+
+class _Signaller:
+    """Sends ``fenced_commit`` for the committed outcomes on a model's table made by the
+    stores of ``store(alias)``."""
+
+    def observe(self, event: Event) -> None:
+        if event.kind != "table" or event.op not in _COMMITS or not event.committed:
+            return
+        alias = alias_of(event.origin)
+        if alias is None:
+            return
+        model = _models().get(event.name)
+        if model is None:
+            return
+        fenced_commit.send(
+            sender=model,
+            pk=event.key,
+            version=event.current_version,
+            intent_id=event.intent_id,
+            using=alias,
+        )
+
+
+_SIGNAL = _Signaller()
+
+
+def _models() -> dict[str, Any]:
+    """Each table's concrete model, by ``db_table``."""
+    found: dict[str, Any] = {}
+    for model in apps.get_models():
+        meta = model._meta
+        if not meta.proxy:
+            found.setdefault(meta.db_table, model)
+    return found
+
+
+def _close_before_test_db_destroyed() -> None:
+    """Close fencing's stores on a database before Django's test runner drops it (a
+    server refuses to drop a database others are connected to; SQLite's WAL files
+    would stay behind)."""
+    from django.db.backends.base.creation import BaseDatabaseCreation
+
+    with _patched:
+        original = BaseDatabaseCreation.destroy_test_db
+        if getattr(original, "_fencing_closes_stores", False):
+            return
+
+        @functools.wraps(original)
+        def destroy_test_db(self: Any, *args: Any, **kwargs: Any) -> Any:
+            close_stores(self.connection.alias)
+            return original(self, *args, **kwargs)
+
+        destroy_test_db._fencing_closes_stores = True  # type: ignore[attr-defined]
+        BaseDatabaseCreation.destroy_test_db = destroy_test_db

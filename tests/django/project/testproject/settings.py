@@ -1,0 +1,62 @@
+"""A small Django project on the database ``FENCING_DJANGO_DB`` names (sqlite,
+postgresql, or mysql: MariaDB/MySQL through PyMySQL installed as MySQLdb).
+
+``FENCING_DJANGO_DIR``: where the SQLite files go; ``FENCING_DJANGO_TEST_NAME``: the
+test database's name (unique per run, so concurrent runs do not meet)."""
+
+import os
+import tempfile
+
+VENDOR = os.environ.get("FENCING_DJANGO_DB", "sqlite")
+HERE = os.environ.get("FENCING_DJANGO_DIR") or tempfile.gettempdir()
+TEST_NAME = os.environ.get("FENCING_DJANGO_TEST_NAME", "test_fencing_django")
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "fencing.contrib.django",
+    "shop",
+]
+if VENDOR == "sqlite":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.path.join(HERE, "shop.sqlite3"),
+            # fencing's own connections reach a file, not Django's in-memory test database
+            "TEST": {"NAME": os.path.join(HERE, f"{TEST_NAME}.sqlite3")},
+        }
+    }
+elif VENDOR == "postgresql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": "fencing_django",
+            "USER": "root",
+            "HOST": "127.0.0.1",
+            "PORT": "5432",
+            "TEST": {"NAME": TEST_NAME},
+        }
+    }
+elif VENDOR == "mysql":
+    import pymysql
+
+    pymysql.install_as_MySQLdb()
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": "fencing_django",
+            "USER": "root",
+            "HOST": "127.0.0.1",
+            "PORT": "3306",
+            "OPTIONS": {"charset": "utf8mb4"},
+            "TEST": {"NAME": TEST_NAME},
+        }
+    }
+else:
+    raise RuntimeError(f"FENCING_DJANGO_DB={VENDOR!r}: sqlite, postgresql or mysql")
+
+FENCING = {"SIGNING_KEYS": {"k1": "tests-only-secret"}}

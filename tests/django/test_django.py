@@ -1,0 +1,85 @@
+"""fencing.contrib.django in a real Django project (tests/django/project): its own test
+suite (project/shop/tests.py) runs under ``manage.py test`` on SQLite, PostgreSQL and
+MariaDB (PyMySQL installed as MySQLdb), each in a subprocess, so this process never
+configures Django. Each run must exit 0 and leave no test database behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests._backends import require_server
+
+pytest.importorskip("django", reason="pip install 'fencing[django]'")
+
+PROJECT = Path(__file__).resolve().parent / "project"
+SERVERS = {"postgresql": ("PostgreSQL", 5432), "mysql": ("MariaDB", 3306)}
+
+
+def manage(vendor: str, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    name = f"test_fencing_django_{uuid.uuid4().hex[:10]}"
+    env = {
+        **os.environ,
+        "FENCING_DJANGO_DB": vendor,
+        "FENCING_DJANGO_DIR": str(tmp_path),
+        "FENCING_DJANGO_TEST_NAME": name,
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "manage.py", *args],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    return done, name
+
+
+def databases(vendor: str, name: str) -> list[str]:
+    """The databases named ``name`` left on the server."""
+    if vendor == "postgresql":
+        import psycopg
+
+        with psycopg.connect("host=127.0.0.1 port=5432 user=root dbname=test") as conn:
+            rows = conn.execute("SELECT datname FROM pg_database WHERE datname = %s", (name,))
+            return [row[0] for row in rows]
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW DATABASES LIKE %s", (name,))
+            return [row[0] for row in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vendor", ["sqlite", "postgresql", "mysql"])
+def test_manage_py_test_passes_and_leaves_no_test_database(vendor: str, tmp_path: Path) -> None:
+    if vendor in SERVERS:
+        label, port = SERVERS[vendor]
+        require_server(label, "127.0.0.1", port)
+    done, name = manage(vendor, tmp_path, "test", "shop", "--noinput", "-v", "2")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    ran = re.search(r"^Ran (\d+) tests", output, re.M)
+    assert ran is not None and int(ran.group(1)) >= 20 and "\nOK" in output, output
+    if vendor == "sqlite":
+        assert sorted(p.name for p in tmp_path.iterdir()) == [], output  # no -wal, -shm
+    else:
+        assert databases(vendor, name) == [], output
+
+
+def test_the_migration_is_as_the_models_say(tmp_path: Path) -> None:
+    """VersionField deconstructs to what the committed migration has."""
+    done, _ = manage("sqlite", tmp_path, "makemigrations", "shop", "--check", "--dry-run")
+    assert done.returncode == 0, done.stdout + done.stderr
