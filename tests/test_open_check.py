@@ -284,3 +284,26 @@ def test_a_mistyped_redis_prefix_is_an_error_and_writes_nothing(
     finally:
         client.close()
         backends_redis.cleanup(url)
+
+
+def test_an_older_mysql_schema_is_named_and_not_migrated(
+    mysql_database: tuple[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fencing.backends.mysql import SCHEMA_VERSION
+
+    url, backends_mysql = mysql_database
+    database = url.rsplit("/", 1)[1]
+    fencing.open(url).close()
+    conn = backends_mysql._admin()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"UPDATE `{database}`.fencing_schema SET version = {SCHEMA_VERSION - 1}")
+        conn.commit()
+        code, err = _run("relay-arq", url, capsys)  # the async opener too
+        assert code == 2 and f"is at schema version {SCHEMA_VERSION - 1}" in err, err
+        assert _run("reconcile-fail-if-any", url, capsys)[0] == 2
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT version FROM `{database}`.fencing_schema")
+            assert cur.fetchone()[0] == SCHEMA_VERSION - 1
+    finally:
+        conn.close()
