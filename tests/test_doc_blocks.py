@@ -5,7 +5,9 @@ and line). A file's ``python`` blocks build on each other, as a reader would typ
 block N runs after blocks 1..N-1 of the same file, in one namespace, in a fresh
 directory. ``sh`` blocks run in bash (``make`` lines as ``make -n``: they would build a
 virtualenv; a ``chromium`` line skips without Chromium, and fails when ``CI`` is set).
-``text`` blocks are diagrams, not code.
+``text`` blocks are diagrams, not code. A file whose blocks configure Django
+(``django.setup()``, docs/django.md) runs blocks 1..N as one script in a process of its
+own, so this process never configures Django.
 
 What the docs assume, the test provides, and the docs say so in a visible comment:
 - the documented addresses are mapped to the local services: ``postgresql://app@db/shop``
@@ -351,9 +353,36 @@ def _an_effect_key(services: Services) -> str:
     return fx.idempotency_key
 
 
+def _sets_django_up(block: Block) -> bool:
+    """Whether ``block``'s file configures Django (``django.setup()`` in a block)."""
+    return any(b.path == block.path and "django.setup()" in b.code for b in BLOCKS)
+
+
+def _run_django(block: Block, tmp_path: Path) -> None:
+    """Blocks 1..N of a file that configures Django run as one script in a process of
+    their own (Django's settings are configured once per process), in a fresh
+    directory, warnings as errors."""
+    pytest.importorskip("django", reason="pip install 'fencing[django]'")
+    previous = [b for b in BLOCKS if b.path == block.path and b.lang == "python"]
+    code = "\n".join(f"# {b.name}\n{b.code}" for b in previous[: previous.index(block) + 1])
+    script = tmp_path / "doc_blocks.py"
+    script.write_text(code)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang != "text"], ids=lambda b: b.name)
-def test_doc_block_runs(block: Block, services: Services) -> None:
+def test_doc_block_runs(block: Block, services: Services, tmp_path: Path) -> None:
     if block.lang == "sh":
         _run_sh(block, services)
+    elif _sets_django_up(block):
+        _run_django(block, tmp_path)
     else:
         _run_python(block, services)

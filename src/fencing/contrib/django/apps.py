@@ -54,12 +54,14 @@ _SIGNAL = _Signaller()
 
 
 def _models() -> dict[str, Any]:
-    """Each table's concrete model, by ``db_table``."""
+    """Each table's concrete model, by ``db_table`` (the models of every app label, as
+    Django registered them: a script's model whose label is no installed app too)."""
     found: dict[str, Any] = {}
-    for model in apps.get_models():
-        meta = model._meta
-        if not meta.proxy:
-            found.setdefault(meta.db_table, model)
+    for models in list(apps.all_models.values()):
+        for model in list(models.values()):
+            meta = model._meta
+            if not meta.proxy and not meta.abstract:
+                found.setdefault(meta.db_table, model)
     return found
 
 
