@@ -88,6 +88,9 @@ def test_celery_demo_outcome_counters_move(
             if sample.name == "fencing_outcomes_total":
                 outcome = sample.labels["outcome"]
                 counted[outcome] = counted.get(outcome, 0.0) + sample.value
-    for outcome in ("committed", "stale", "duplicate", "fenced"):
+    for outcome in ("committed", "stale", "duplicate"):
         assert counted.get(outcome, 0) > 0, (outcome, counted)
-    assert counted["committed"] >= fenced["committed"]
+    # a worker paused past its lease is fenced only if another took the lease over
+    # meanwhile (else it takes the lease again and commits): as many as the demo saw
+    for outcome in ("committed", "fenced"):
+        assert counted.get(outcome, 0) >= fenced.get(outcome, 0), (outcome, counted, fenced)
