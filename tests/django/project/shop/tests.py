@@ -8,7 +8,14 @@ from django.forms import modelform_factory
 from django.test import TransactionTestCase
 
 import fencing
-from fencing.contrib.django import StaleSave, fenced_commit, signer, store, table
+from fencing.contrib.django import (
+    StaleSave,
+    database_url,
+    fenced_commit,
+    signer,
+    store,
+    table,
+)
 
 from .models import Audit, Order
 
@@ -280,3 +287,14 @@ class Stores(TransactionTestCase):
         self.assertIn("test_fencing_django", str(name))
         self.assertIn(str(name).rsplit("/", 1)[-1], store().url)
         self.assertIs(store(), store())
+
+    def test_database_url_of_odd_settings(self):
+        url = database_url("odd")
+        self.assertEqual(
+            url,
+            "postgresql://ro%40t:p%40ss%3Aw%2Frd@/shop%20db"
+            "?sslmode=disable&host=%2Fvar%2Frun%2Fpostgresql",
+        )
+        with self.assertRaises(fencing.ConfigurationError) as refused:
+            database_url("memory")
+        self.assertIn("TEST", str(refused.exception))

@@ -60,3 +60,14 @@ else:
     raise RuntimeError(f"FENCING_DJANGO_DB={VENDOR!r}: sqlite, postgresql or mysql")
 
 FENCING = {"SIGNING_KEYS": {"k1": "tests-only-secret"}}
+
+# Never connected to (no test uses them): what database_url() makes of odd settings.
+DATABASES["odd"] = {
+    "ENGINE": "django.db.backends.postgresql",
+    "NAME": "shop db",
+    "USER": "ro@t",
+    "PASSWORD": "p@ss:w/rd",
+    "HOST": "/var/run/postgresql",
+    "OPTIONS": {"sslmode": "disable", "server_side_binding": False},
+}
+DATABASES["memory"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
