@@ -80,11 +80,16 @@ class Tracing:
             "fencing.fence_reason": event.fence_reason,  # newer_owner or expired
         }
         attributes.update({k: v for k, v in optional.items() if v is not None})
-        if event.kind == "lease" and event.waits:
-            attributes["fencing.lease_waits"] = event.waits
+        if event.kind == "lease":
+            attributes["fencing.lease_name"] = event.name
+            if event.waits:
+                attributes["fencing.lease_waits"] = event.waits
+        # a span name stays low-cardinality: a lease name is per record by default, so it
+        # is an attribute only; a collection or table name is bounded
+        name = event.op if event.kind == "lease" else f"{event.op} {event.name}"
         links = [] if event.trace is None else [_linked(event.trace)]
         span = self.tracer.start_span(
-            f"{event.op} {event.name}",
+            name,
             kind=SpanKind.CLIENT,
             attributes=attributes,
             links=links,
