@@ -104,6 +104,11 @@ def test_bad_input_is_refused_before_anything_is_written(store: Any) -> None:
         store.outbox.send(object(), a, "ship")
     with pytest.raises(InvalidInput, match="JSON"):
         store.outbox.send(TASK, a, "ship", when=object())
+    for bad in (float("nan"), float("inf"), -float("inf")):  # not JSON: a poison row
+        with pytest.raises(InvalidInput, match="JSON"):
+            store.outbox.send(TASK, a, "ship", countdown=bad)
+        with pytest.raises(InvalidInput, match="JSON"):
+            store.outbox.send(TASK, a, "ship", headers={"retry": [1, bad]})
     with pytest.raises(InvalidInput):
         store.outbox.send(TASK, a, "ship", queue="no spaces allowed")
     with pytest.raises(InvalidInput, match="kind"):

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -197,8 +199,30 @@ def run(args: argparse.Namespace) -> int:
     if shown["kind"] == "table" and not args.table:
         print(f"found in table {args.name!r} (no collection record)", file=sys.stderr)
     if args.json or not sys.stdout.isatty() or not _panel(shown):
-        print(json.dumps(shown, indent=2, sort_keys=True, default=str))
+        print(json.dumps(strict(shown), indent=2, sort_keys=True, allow_nan=False))
     return 0
+
+
+def strict(value: Any) -> Any:
+    """``value`` as strict JSON holds it (any parser reads it): a table's column value
+    beyond JSON as its tag in the intent format (``{"$bytes": <base64>}``,
+    ``{"$decimal": "9.50"}``... docs/types.md), a NaN or infinite float as ``{"$float":
+    "nan"}`` (``"inf"``, ``"-inf"``), anything else unknown as its text."""
+    from ._types import EXTENDED, encode_tagged
+
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$float": repr(value)}
+    if isinstance(value, Mapping):
+        return {str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict(v) for v in value]
+    if isinstance(value, bytearray | memoryview):
+        value = bytes(value)
+    if isinstance(value, EXTENDED):
+        return encode_tagged(value)
+    return str(value)
 
 
 def _panel(shown: dict[str, Any]) -> bool:

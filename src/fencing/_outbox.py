@@ -101,7 +101,10 @@ class OutboxMessage:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def options_json(self) -> str:
-        return json.dumps(dict(self.options), sort_keys=True, separators=(",", ":"))
+        # strict JSON: NaN and infinity are not JSON, and no relay could read them back
+        return json.dumps(
+            dict(self.options), sort_keys=True, separators=(",", ":"), allow_nan=False
+        )
 
     def stored(self) -> tuple[str, str, str | None, str, str, str]:
         """What every store writes for it: ``(kind, task, queue, payload, options, okey)``

@@ -32,7 +32,7 @@ from ._errors import (
 from ._observe import HUB, Event, now_ns
 from ._request import CommitRequest, CommitResult, LeaseAnswer, Target, outcome_for
 from ._rules import LeaseRef, LeaseRow, check_ttl
-from ._types import column_value, state_size
+from ._types import column_value, decimal_chars, state_size
 from ._validate import check_column, check_key, check_name, dump_state, is_unicode
 from ._values import Fenced, Intent, Outcome, Record
 
@@ -212,7 +212,7 @@ class TargetBase:
             elif isinstance(taken_value, bytes):
                 chars += len(taken_value)  # 6 * len(...) bounds its base64 too
             elif isinstance(taken_value, Decimal):
-                chars += len(str(taken_value))
+                chars += decimal_chars(taken_value)  # as written out (SQLite binds it so)
             else:
                 chars += 48  # a datetime, date, time, timedelta or UUID as text
             if taken_value is not value:

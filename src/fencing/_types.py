@@ -36,6 +36,7 @@ __all__ = [
     "EXTENDED",
     "as_carried",
     "column_value",
+    "decimal_chars",
     "decode_tagged",
     "encode_tagged",
     "has_extended",
@@ -47,6 +48,20 @@ __all__ = [
 #: The column value types beyond JSON scalars (``datetime`` is a ``date``: test it first).
 EXTENDED: Final = (Decimal, dt.datetime, dt.date, dt.time, dt.timedelta, uuid.UUID, bytes)
 _PLAIN: Final = frozenset({str, int, float, bool, type(None)})
+#: The widest a ``Decimal`` fencing takes may be written out positionally (``format(d,
+#: "f")``, as SQLite binds it; a driver may expand it so too): a tiny text such as
+#: ``"1E+999999999"`` would otherwise become a gigabyte the moment it is bound. Wider
+#: than any SQL column holds (PostgreSQL's ``numeric``: 131072 digits before the point,
+#: 16383 after); a state's Decimals count this width in its size bound too.
+MAX_DECIMAL_CHARS: Final = 131_072 + 16_383 + 2
+
+
+def decimal_chars(value: Decimal) -> int:
+    """At least the length of ``format(value, "f")``, in constant time (never made)."""
+    _, digits, exponent = value.as_tuple()
+    if not isinstance(exponent, int):  # NaN, infinity: not a column value anyway
+        return len(str(value))
+    return len(digits) + abs(exponent) + 2
 
 
 def type_name(value: object) -> str:
@@ -69,6 +84,11 @@ def column_value(value: object, what: str) -> Any:
         assert isinstance(value, Decimal)
         if not value.is_finite():
             raise InvalidState(f"{what} must be a finite Decimal, not {value}")
+        if decimal_chars(value) > MAX_DECIMAL_CHARS:
+            raise InvalidState(
+                f"{what}: Decimal {value} is too wide: written out it takes more than"
+                f" {MAX_DECIMAL_CHARS} characters (no SQL column holds it)"
+            )
         return value
     if kind in (dt.datetime, dt.date, dt.time, dt.timedelta, uuid.UUID, bytes):
         return value
@@ -129,9 +149,11 @@ def _text(value: Any) -> Any:
 
 
 def state_size(state: Mapping[str, Any]) -> int:
-    """The bytes of a table state's JSON, a value beyond JSON counted as its tag's text."""
+    """The bytes of a table state's JSON, a value beyond JSON counted as its tag's text,
+    a ``Decimal`` as its positional text (what SQLite binds: never shorter)."""
     text = json.dumps(state, separators=(",", ":"), ensure_ascii=False, default=_text)
-    return len(text.encode("utf-8", "surrogatepass"))
+    wider = sum(decimal_chars(v) - len(str(v)) for v in state.values() if type(v) is Decimal)
+    return len(text.encode("utf-8", "surrogatepass")) + max(wider, 0)
 
 
 def as_carried(value: Any) -> Any:
