@@ -11,3 +11,11 @@ class Order(FencedModel):
 
 class Audit(models.Model):
     note = models.CharField(max_length=100)
+
+
+class Plain(models.Model):
+    """The naive baseline: the same columns, saved the way Django saves by default."""
+
+    status = models.CharField(max_length=20, default="new")
+    fee = models.IntegerField(default=0)
+    version = models.BigIntegerField(default=1)

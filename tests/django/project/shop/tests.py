@@ -17,7 +17,7 @@ from fencing.contrib.django import (
     table,
 )
 
-from .models import Audit, Order
+from .models import Audit, Order, Plain
 
 
 class Saves(TransactionTestCase):
@@ -298,3 +298,48 @@ class Stores(TransactionTestCase):
         with self.assertRaises(fencing.ConfigurationError) as refused:
             database_url("memory")
         self.assertIn("TEST", str(refused.exception))
+
+
+class Races(TransactionTestCase):
+    """Workers that each loaded the row, then save their decision at the same moment."""
+
+    WORKERS = 6
+
+    def race(self, model):
+        row = model.objects.create(status="new")
+        loaded = [model.objects.get(pk=row.pk) for _ in range(self.WORKERS)]
+        barrier = threading.Barrier(self.WORKERS)
+        saved, refused, failed = [], [], []
+
+        def worker(number, instance):
+            try:
+                instance.status = f"w{number}"
+                instance.fee = instance.fee + 1  # read-modify-write on what it loaded
+                barrier.wait()
+                instance.save()
+                saved.append(number)
+            except StaleSave:
+                refused.append(number)
+            except Exception as exc:  # a lock error would be a failure of the test
+                failed.append(exc)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=worker, args=each) for each in enumerate(loaded)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(failed, [])
+        return saved, refused, model.objects.get(pk=row.pk)
+
+    def test_exactly_one_of_the_racing_saves_lands(self):
+        saved, refused, row = self.race(Order)
+        self.assertEqual(len(saved), 1, (saved, refused))
+        self.assertEqual(len(refused), self.WORKERS - 1)
+        self.assertEqual((row.status, row.fee, row.version), (f"w{saved[0]}", 1, 2))
+
+    def test_the_naive_baseline_loses_updates(self):
+        saved, _refused, row = self.race(Plain)
+        self.assertEqual(len(saved), self.WORKERS)  # every save "succeeded"
+        self.assertEqual(row.fee, 1)  # but only one increment is left: the others lost
