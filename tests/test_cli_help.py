@@ -112,7 +112,6 @@ RUNS: dict[str, Callable[[Path], list[str]]] = {
     "--help": lambda tmp: ["--help"],
     "--version": lambda tmp: ["--version"],
     **{f"{c} --help": (lambda tmp, c=c: [c, "--help"]) for c in _commands()},
-    "stats memory": lambda tmp: ["stats", "memory://"],
     "stats sqlite": lambda tmp: ["stats", _sqlite_store(tmp / "s.db")],
     "check": lambda tmp: ["check", _history(tmp / "h.jsonl")],
     "inspect": lambda tmp: ["inspect", _sqlite_store(tmp / "i.db"), "orders", "o-1"],
