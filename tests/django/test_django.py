@@ -83,3 +83,21 @@ def test_the_migration_is_as_the_models_say(tmp_path: Path) -> None:
     """VersionField deconstructs to what the committed migration has."""
     done, _ = manage("sqlite", tmp_path, "makemigrations", "shop", "--check", "--dry-run")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_first_use_inside_atomic_does_not_wait_on_its_own_lock(tmp_path: Path) -> None:
+    """SQLite: the store is opened when Django connects, before Django's transaction
+    takes the write lock (opened inside it, it waited 30 s: "database is locked")."""
+    env = {**os.environ, "FENCING_DJANGO_DB": "sqlite", "FENCING_DJANGO_DIR": str(tmp_path)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "first_use.py"],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    version, seconds = done.stdout.split()
+    assert version == "1" and float(seconds) < 5, done.stdout

@@ -7,10 +7,12 @@ import threading
 from typing import Any
 
 from django.apps import AppConfig, apps
+from django.db import connections
+from django.db.backends.signals import connection_created
 
-from ..._observe import Event, add_observer
+from ..._observe import Event, add_observer, log
 from .signals import fenced_commit
-from .stores import alias_of, close_stores
+from .stores import alias_of, close_stores, store
 
 __all__ = ["FencingConfig"]
 
@@ -26,6 +28,23 @@ class FencingConfig(AppConfig):  # type: ignore[misc]
     def ready(self) -> None:
         add_observer(_SIGNAL)
         _close_before_test_db_destroyed()
+        connection_created.connect(_open_early, dispatch_uid="fencing.contrib.django")
+
+
+def _open_early(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """On SQLite, open the alias's store when Django first connects, before any
+    transaction of Django's: opened later, inside an ``atomic()`` block that wrote,
+    fencing's own connection would wait on that block's write lock (and fail with
+    "database is locked" after its busy timeout). Errors are logged, not raised: the
+    store's first use raises them."""
+    if connection.vendor != "sqlite" or connection.alias not in connections.settings:
+        return
+    if connection.is_in_memory_db():
+        return  # (fencing cannot reach it: store() says so when it is asked for)
+    try:
+        store(connection.alias)
+    except Exception:
+        log.warning("fencing could not open the store of %r", connection.alias, exc_info=True)
 
 
 class _Signaller:
