@@ -287,6 +287,13 @@ class Stores(TransactionTestCase):
         self.assertIn("test_fencing_django", str(name))
         self.assertIn(str(name).rsplit("/", 1)[-1], store().url)
         self.assertIs(store(), store())
+        if connection.vendor == "postgresql":  # FENCING["OPTIONS"] reached fencing.open
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM information_schema.tables"
+                    " WHERE table_schema = 'fencing' AND table_name LIKE 'fencing_%%'"
+                )
+                self.assertGreater(cursor.fetchone()[0], 0)
 
     def test_database_url_of_odd_settings(self):
         url = database_url("odd")

@@ -60,6 +60,8 @@ else:
     raise RuntimeError(f"FENCING_DJANGO_DB={VENDOR!r}: sqlite, postgresql or mysql")
 
 FENCING = {"SIGNING_KEYS": {"k1": "tests-only-secret"}}
+if VENDOR == "postgresql":  # fencing's own tables in a schema of their own
+    FENCING["OPTIONS"] = {"default": {"schema": "fencing", "max_size": 4}}
 
 # Never connected to (no test uses them): what database_url() makes of odd settings.
 DATABASES["odd"] = {
