@@ -43,7 +43,14 @@ from typing import Any, Final
 import fencing
 
 from ..._values import Intent, Record
-from ...contrib._common import Action, Backoff, LeaseSpec, TaskReport, current_intent
+from ...contrib._common import (
+    Action,
+    Backoff,
+    LeaseSpec,
+    TaskReport,
+    current_intent,
+    record_lease_name,
+)
 from ...testing import HistoryWriter, outcome_event
 from ..scenario import (
     LEASE_TTL,
@@ -68,6 +75,8 @@ BACKOFF: Final = Backoff(0.05, 0.3)
 #: No heartbeat: a paused worker stalls its heartbeat too (a GC pause, SIGSTOP).
 LEASE: Final = LeaseSpec(ttl=LEASE_TTL, wait=LEASE_WAIT, heartbeat=False)
 PING: Final = "ping:"
+#: How long a paused delivery waits, after its pause, for the takeover to hold the lease.
+TAKEOVER_LIMIT: Final = 10.0
 
 
 class DemoRetry(Exception):
@@ -276,12 +285,30 @@ def _think() -> tuple[Intent, TaskSpec]:
         delivery = _Delivery(intent.root_id, claim_first(mode, spec.task))
         _delivery.set(delivery)
     seconds = spec.work
-    if not delivery.called and delivery.first and spec.pause > 0:
+    pausing = not delivery.called and delivery.first and spec.pause > 0
+    if pausing:
         seconds += spec.pause
+        mine = _lease_token(intent)
         progress(mode, spec.task, "paused")  # the takeover may come now
     delivery.called = True
     time.sleep(seconds)
+    if pausing:
+        # A worker paused past its lease is fenced only if another took the lease over
+        # meanwhile; nobody taking over, it would take the lease again and commit (right,
+        # but not the race this pause stages): wake once the takeover holds the lease.
+        _await_takeover(intent, mine)
     return intent, spec
+
+
+def _lease_token(intent: Intent) -> int | None:
+    answer = store().backend.lease_state(record_lease_name(intent))
+    return None if answer.row is None else answer.row.token
+
+
+def _await_takeover(intent: Intent, mine: int | None, limit: float = TAKEOVER_LIMIT) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and _lease_token(intent) == mine:
+        time.sleep(0.02)
 
 
 def decide_credit(record: Record) -> Any:
