@@ -34,6 +34,23 @@ __all__ = ["alias_of", "close_stores", "database_url", "signer", "store"]
 _lock = threading.RLock()
 #: alias -> (the URL it was opened on, the store)
 _stores: dict[str, tuple[str, Store]] = {}
+
+
+def _forget_after_fork() -> None:
+    """A forked child (a Celery prefork worker, a forking server) opens stores of its
+    own: the parent's connections are the parent's (closing them here would end the
+    parent's sessions too; they are left to the parent), and their pools' threads did
+    not come along."""
+    global _lock
+    _lock = threading.RLock()
+    _orphans.extend(held for _, held in _stores.values())  # kept: never finalized here
+    _stores.clear()
+
+
+_orphans: list[Store] = []
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 #: PostgreSQL connection options Django passes to libpq that fencing's connections need too
 _LIBPQ = (
     "sslmode",

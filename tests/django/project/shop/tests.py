@@ -1,7 +1,10 @@
 """The Django side of fencing, run by ``manage.py test`` on each database
 (tests/django/test_django.py runs it on SQLite, PostgreSQL and MariaDB)."""
 
+import os
+import signal
 import threading
+import warnings
 
 from django.db import DatabaseError, connection, connections, transaction
 from django.forms import modelform_factory
@@ -350,3 +353,29 @@ class Races(TransactionTestCase):
         saved, _refused, row = self.race(Plain)
         self.assertEqual(len(saved), self.WORKERS)  # every save "succeeded"
         self.assertEqual(row.fee, 1)  # but only one increment is left: the others lost
+
+
+class Forks(TransactionTestCase):
+    def test_a_forked_child_opens_a_store_of_its_own(self):
+        order = Order.objects.create()
+        first, second = order.intent("pay"), order.intent("pack")
+        parent = store()
+        parent.table(Order).get(order.pk)  # the parent's store has a connection in use
+        connections.close_all()  # (Django's own connections: as Celery's fixup does)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+            pid = os.fork()
+        if pid == 0:  # the child: a prefork worker
+            code = 1
+            try:
+                signal.alarm(30)
+                mine = store()
+                outcome = mine.table(Order).commit(first, {"status": "paid"})
+                code = 0 if mine is not parent and outcome.committed else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        self.assertIs(store(), parent)  # the parent's store still works
+        self.assertIsInstance(parent.table(Order).commit(second, {"note": "x"}), fencing.Stale)
+        self.assertEqual(Order.objects.values_list("status", "version").get(), ("paid", 2))
