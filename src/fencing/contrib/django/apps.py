@@ -72,15 +72,25 @@ class _Signaller:
 _SIGNAL = _Signaller()
 
 
+_known: tuple[int, dict[str, Any]] = (-1, {})
+
+
 def _models() -> dict[str, Any]:
     """Each table's concrete model, by ``db_table`` (the models of every app label, as
-    Django registered them: a script's model whose label is no installed app too)."""
+    Django registered them: a script's model whose label is no installed app too);
+    built again only when a model was registered since."""
+    global _known
+    registered = list(apps.all_models.values())
+    count = sum(len(models) for models in registered)
+    if count == _known[0]:
+        return _known[1]
     found: dict[str, Any] = {}
-    for models in list(apps.all_models.values()):
+    for models in registered:
         for model in list(models.values()):
             meta = model._meta
             if not meta.proxy and not meta.abstract:
                 found.setdefault(meta.db_table, model)
+    _known = (count, found)
     return found
 
 
