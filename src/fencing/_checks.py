@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ._effects import Effect, EffectQuery, check_effect_key, check_limit
@@ -14,6 +14,7 @@ from ._errors import (
     InvalidIdentifier,
     InvalidInput,
     InvalidLeaseRequest,
+    InvalidState,
     RecordNotFound,
     SchemaError,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "GUARD_PREFIX",
     "GUARD_REFUSAL",
     "MAX_OWNER_CHARS",
+    "bind_mapped",
     "check_declared",
     "check_lease_args",
     "check_owner",
@@ -36,6 +38,7 @@ __all__ = [
     "guard_refusal",
     "guard_target",
     "key_query",
+    "mapped_binders",
     "pending_query",
     "reconcile_query",
     "row_key",
@@ -194,6 +197,49 @@ def row_key(row: object, target: Target) -> tuple[object, object | None]:
             f" {type(row).__name__} has no attribute {column!r}"
         )
     return getattr(row, column), None
+
+
+Binder = Callable[[Any], Any]
+
+
+def mapped_binders(obj: object) -> dict[str, Binder]:
+    """For a SQLAlchemy mapped class or ``Table``: per ``Enum`` column, what it binds, as
+    SQLAlchemy's own bind processing does (on no particular dialect: the driver's part
+    is fencing's): a member, or the text the ORM takes, as its name (or its
+    ``values_callable``'s value). Any other column is bound as fencing binds values: a
+    ``TypeDecorator``'s ``process_bind_param`` is not applied, because a state read back
+    holds what the row holds, and binding that again would encode it twice."""
+    table: Any = getattr(obj, "__table__", obj)
+    if not type(table).__module__.startswith("sqlalchemy."):
+        return {}
+    sqlalchemy: Any = importlib.import_module("sqlalchemy")
+    dialect = importlib.import_module("sqlalchemy.engine.default").DefaultDialect()
+    binders: dict[str, Binder] = {}
+    for column in table.columns:
+        kind = column.type
+        if isinstance(kind, sqlalchemy.Enum):
+            process = kind.bind_processor(dialect)
+            if process is not None:
+                binders[column.name] = _binder(column.name, process)
+    return binders
+
+
+def _binder(column: str, process: Binder) -> Binder:
+    def bind(value: Any) -> Any:
+        try:
+            return process(value)
+        except Exception as exc:  # the column type's refusal (an Enum's LookupError...)
+            raise InvalidState(f"column {column!r}: {exc}") from None
+
+    return bind
+
+
+def bind_mapped(binders: Mapping[str, Binder], values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``values`` with each column that has a binder bound by it (``values`` itself if
+    none has)."""
+    if not binders or binders.keys().isdisjoint(values):
+        return values
+    return {k: binders[k](v) if k in binders else v for k, v in values.items()}
 
 
 def _mapped_key(row: object, target: Target, column: str) -> tuple[object, object | None]:

@@ -21,6 +21,7 @@ from ._checks import (
     found_effect,
     guard_target,
     key_query,
+    mapped_binders,
     pending_query,
     reconcile_query,
     row_key,
@@ -354,7 +355,9 @@ class Store:
         its name with its schema, its primary key as ``key`` (one column), the mapper's
         ``version_id_col`` as ``version`` when it has one (see docs/sqlalchemy.md).
         """
+        binders = None
         if not isinstance(name, str):
+            binders = mapped_binders(name)
             name, key, version = mapped_table(name, version)
         target = Target(
             "table",
@@ -363,6 +366,8 @@ class Store:
             None if version is None else check_column(version, "version column"),
         )
         front: Table = self._front(Table, target, check_declared(target, columns))
+        if binders:  # a mapped class's columns bind as SQLAlchemy binds them
+            front._binders = binders
         return front
 
     def _front(self, cls: type[Any], target: Target, declared: frozenset[str] | None = None) -> Any:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from ._checks import Binder, bind_mapped
 from ._effects import (
     Effect,
     EffectQuery,
@@ -56,7 +57,16 @@ class StoreOptions:
 class TargetBase:
     """Pure checks and answers for one collection or table."""
 
-    __slots__ = ("_columns", "_declared", "_options", "_store", "_writable", "name", "target")
+    __slots__ = (
+        "_binders",
+        "_columns",
+        "_declared",
+        "_options",
+        "_store",
+        "_writable",
+        "name",
+        "target",
+    )
 
     def __init__(
         self,
@@ -72,6 +82,8 @@ class TargetBase:
         self.name = target.name
         self._columns: frozenset[str] | None = None
         self._writable: frozenset[str] = frozenset()  # columns a state was allowed to set
+        # a mapped class's columns whose type binds a value as another (``mapped_binders``)
+        self._binders: Mapping[str, Binder] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -121,6 +133,8 @@ class TargetBase:
                 " (the field values the row must still hold)"
             )
         expected = None if self.target.version_column is None else record.version
+        if isinstance(guard, Mapping):  # a guard value binds as a write does
+            guard = bind_mapped(self._binders, guard)
         return Intent.new(self.name, record.key, expected, transition, guard=guard, kind=self.kind)
 
     def _check_intent(self, intent: object) -> Intent:
@@ -241,9 +255,10 @@ class TargetBase:
         if self.target.kind == "table":
             # flat column values, checked in full here; their JSON only if a backend asks
             if type(state) is dict:
+                state = bind_mapped(self._binders, state)
                 return CommitRequest(self.target, checked, self._check_columns(state), None, ref)
             if isinstance(state, Mapping):
-                flat = self._check_columns(dict(state))
+                flat = self._check_columns(dict(bind_mapped(self._binders, state)))
                 return CommitRequest(self.target, checked, flat, None, ref)
         text = self._state_json(state)
         assert isinstance(state, Mapping)
