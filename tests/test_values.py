@@ -899,10 +899,8 @@ class Driver:
                     answer = self.decide(step.record)
                 elif isinstance(step, CommitStep):
                     answer = self.commit(step.intent, step.state)
-                elif isinstance(step, Sleep | ReconcileStep):
-                    answer = None
-                elif isinstance(step, RetakeStep):  # no lease to take again
-                    answer = None
+                elif isinstance(step, Sleep | ReconcileStep | RetakeStep):
+                    answer = None  # RetakeStep: no lease to take again
                 elif isinstance(step, SettleStep):
                     answer = list(self.settled)
                 else:  # pragma: no cover
