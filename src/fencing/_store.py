@@ -467,12 +467,15 @@ class Store:
         save, a hand-written UPDATE) then bumps it by one, so every outstanding intent
         on the row is Stale; one that sets it lower is refused by the database
         (``GuardRefused`` inside fencing). ``key`` is the table's key column (SQLite's
-        trigger finds the row by it). ``fencing migrate URL --guard-table`` does the same.
+        trigger finds the row by it: it must be unique). ``name`` may be ``schema.table``:
+        the trigger, still ``fencing_guard_<table>``, is made in that schema.
+        ``fencing migrate URL --guard-table`` does the same.
         """
         self._live().guard_table(guard_target(name, key, version))
 
     def unguard_table(self, name: str) -> None:
-        """Remove the guard trigger from table ``name`` (fine if there is none)."""
+        """Remove the guard trigger from table ``name`` (fine if there is none), whatever
+        version column it guards."""
         self._live().unguard_table(guard_target(name, "id", "version"))
 
     def effects_to_reconcile(self, *, limit: int = 100) -> list[Effect]:
