@@ -215,7 +215,10 @@ class TargetBase:
             if kind is float:
                 if math.isfinite(value):
                     continue
-                raise InvalidState(f"column {column!r} must be finite")
+                raise InvalidState(
+                    f"column {column!r} must be finite, not {value!r} (NaN and infinity are"
+                    " refused, even as read from a row: leave the column out, or set a number)"
+                )
             # Decimal, datetime, date, time, UUID, bytes; an enum member as its value.
             # Other subclasses of str/int/float (numpy scalars, ...) are not column values.
             taken_value = column_value(value, f"column {column!r}")
