@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 TEST_EXTRAS := dev,cli,postgres,mysql,redis,celery,rq,dramatiq,arq,sqlalchemy,alembic,prometheus,otel,django
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench mutate clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +22,18 @@ test: $(PY)
 	$(PY) scripts/unasync.py --check
 	$(PY) -m pytest
 
+# Mutation testing of the core (mutmut; what and against which tests: pyproject's
+# [tool.mutmut]); not in CI, about 30 minutes. Writes mutation/REPORT.md.
+mutate: $(PY)
+	$(PIP) -e '.[$(TEST_EXTRAS),mutate]'
+	@echo "mutating fencing's core; the tests: the fast, server-free ones"
+	rm -rf mutants
+	$(VENV)/bin/mutmut run
+	$(PY) scripts/mutation_report.py
+
 bench: $(PY)
 	$(PIP) -e '.[cli]'
 	$(VENV)/bin/fencing bench
 
 clean:
-	rm -rf $(VENV) build dist .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist .mypy_cache .pytest_cache .ruff_cache .hypothesis mutants
