@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fencing import Committed, Drop, Duplicate, Fenced, FenceReason
+from fencing import Committed, Drop, Duplicate, Fenced, FenceReason, Stale
 
 
 def test_a_lease_holder_commits_twice_under_one_token(store: Any) -> None:
@@ -80,3 +80,17 @@ def test_a_redelivered_apply_under_drop_is_duplicate_and_settles_nothing(store: 
     assert orders.commit(orders.intent("o-1", "deliver"), {"status": "delivered"}).committed
     assert isinstance(orders.apply(intent, lambda r: {"status": "x"}, on_stale=Drop()), Duplicate)
     assert store.effects_to_reconcile() == []
+
+
+def test_a_guard_of_two_columns_is_judged_on_both(make_table: Any) -> None:
+    """A table without a version column, guarded on two columns: a late intent whose
+    guard no longer holds (one of its two values changed) is ``Stale``, and the reason is
+    read back with both columns compared."""
+    table = make_table(rows=[{"id": 7, "status": "packed", "total": 3}], version=None)
+    guard = {"status": "packed", "total": 3}
+    first = table.intent(7, "ship", guard=guard)
+    late = table.intent(7, "ship", guard=guard)
+    assert table.commit(first, {"status": "shipped"}).committed
+    out = table.commit(late, {"status": "lost"})
+    assert isinstance(out, Stale), out
+    assert out.current.state["status"] == "shipped"

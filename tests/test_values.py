@@ -10,6 +10,7 @@ import pickle
 import random
 import re
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -735,6 +736,10 @@ def test_judge(
         ({"a": "x", "b": 2}, {"a": "x", "b": 2, "c": 3}, True),
         ({"a": "x", "b": 2}, {"a": "x", "b": 3}, False),
         ({"a": "1"}, {"a": 1}, False),
+        # a column value beyond JSON against its text, both ways (issue 23's mutants)
+        ({"a": "00000000-0000-0000-0000-000000000005"}, {"a": uuid.UUID(int=5)}, True),
+        ({"a": uuid.UUID(int=5)}, {"a": "00000000-0000-0000-0000-000000000005"}, True),
+        ({"a": "00000000-0000-0000-0000-000000000006"}, {"a": uuid.UUID(int=5)}, False),
     ],
 )
 def test_guard_holds_is_json_equality(
