@@ -135,3 +135,36 @@ def test_a_row_s_age_and_what_a_claim_takes() -> None:
     assert [r.id for r in claimable(rows, "celery", 15.0, 10)] == [1, 6, 7]
     assert [r.id for r in claimable(rows, "celery", 15.0, 2)] == [1, 6]
     assert [r.id for r in claimable(rows, "celery", 25.0, 10)] == [1, 2, 3, 6, 7]
+
+
+def test_what_an_old_snapshot_may_explain() -> None:
+    """``snapshot_may_explain``: a refusal judged on a snapshot older than the latest
+    commit may be an artefact (absent, older than the intent, refused by the lease row);
+    a newer version, a duplicate, a newer fence hold whatever the snapshot's age."""
+    from fencing._request import CommitRequest, CommitResult, Target, snapshot_may_explain
+    from fencing._rules import LeaseRef, Status
+    from fencing._values import Intent, Record
+
+    target = Target("collection", "orders")
+
+    def ask(status: Status, version: int | None, expected: int | None, **kw: Any) -> bool:
+        guard = None if expected is not None else {"s": 1}
+        intent = Intent("i", "orders", "o", expected, "t", guard=guard)
+        fence, token = kw.get("fence", 0), kw.get("token")
+        lease = None if token is None else LeaseRef("orders/o", token)
+        record = None if version is None else Record("orders", "o", version, fence, {})
+        request = CommitRequest(target, intent, {}, "{}", lease)
+        return snapshot_may_explain(request, CommitResult(status, record))
+
+    assert ask(Status.MISSING, None, 3)  # absent in the snapshot
+    assert not ask(Status.APPLIED, None, 3)
+    assert ask(Status.STALE, 2, 3)  # older than the intent: the snapshot is
+    assert not ask(Status.STALE, 3, 3) and not ask(Status.STALE, 4, 3)  # moved on for real
+    assert ask(Status.STALE, 4, None)  # a guard-only intent: no version to compare
+    for fenced in (Status.FENCED_NEWER, Status.FENCED_EXPIRED):
+        assert ask(fenced, 3, 3, fence=5, token=5)  # refused by the lease row
+        assert ask(fenced, 3, 3, fence=4, token=5)
+        assert not ask(fenced, 3, 3, fence=6, token=5)  # a newer fence on the record
+        assert not ask(fenced, 3, 3, fence=0, token=None)
+    assert not ask(Status.DUPLICATE, 3, 3)
+    assert not ask(Status.APPLIED, 4, 3)
