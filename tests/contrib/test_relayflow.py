@@ -9,9 +9,13 @@ a batch that published, so an outage late in a relay's life backs off from the b
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+from fencing._errors import TransientStoreError
 from fencing._outbox import OutboxClaim, OutboxRow
 from fencing.contrib._options import Backoff
 from fencing.contrib._relayflow import (
@@ -39,12 +43,20 @@ def row(id: int, key: str) -> OutboxRow:
     )
 
 
+class Raise:
+    """An answer that is an error: the driver throws it into the flow at that step."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
 def drive(flow: Any, answer: Callable[[Any], Any]) -> Any:
     """Run ``flow`` to its end, answering each step with ``answer(step)``."""
     try:
         step = next(flow)
         while True:
-            step = flow.send(answer(step))
+            result = answer(step)
+            step = flow.throw(result.error) if isinstance(result, Raise) else flow.send(result)
     except StopIteration as stop:
         return stop.value
 
@@ -128,3 +140,68 @@ def test_the_backoff_starts_over_after_a_batch_that_published() -> None:
     assert waits[4] == (0.25, True)  # the good batch: the poll, wakeable
     seconds, wake = waits[5]
     assert 0.5 <= seconds <= 1.0 and wake is False
+
+
+def test_the_loop_backs_off_on_store_errors_and_prunes_every_prune_every(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store failing a claim backs off like a broker outage (1 s, then 2 s), and its
+    error is logged; a full batch (``claimed == batch``) claims again at once; a
+    partial one waits for the poll. Pruning runs at the loop's first turn and then every
+    ``prune_every`` seconds of its clock (10 s here: at 0, 10 and 20.5, not at 5 or 15);
+    a prune that fails is logged and the loop goes on."""
+    cfg = RelayConfig(
+        "r", "celery", batch=1, poll=0.25, prune_every=10.0, backoff=Backoff(1.0, 1000.0)
+    )
+    # each turn of the loop: (its clock, what the claim does)
+    turns = [(0.0, "store"), (5.0, "store"), (10.0, "full"), (15.0, "full"), (20.5, "part")]
+    now = 0.0
+    prunes: list[float] = []
+    waits: list[Wait] = []
+    batches: list[tuple[int, int]] = []
+    claim_ids = iter(range(1, 100))
+
+    def answer(step: Any) -> Any:
+        nonlocal now
+        if isinstance(step, Stopping):
+            if not turns:
+                return True
+            now = turns[0][0]
+            return False
+        if isinstance(step, Clock):
+            return now
+        if isinstance(step, Prune):
+            prunes.append(now)
+            if len(prunes) == 2:
+                return Raise(TransientStoreError("prune: the database is locked"))
+            return 2
+        if isinstance(step, Claim):
+            _, what = turns.pop(0)
+            if what == "store":
+                return Raise(TransientStoreError("claim: the database is locked"))
+            rows = () if what == "part" else (row(next(claim_ids), "k"),)
+            return OutboxClaim(1, rows, until=now + 30, now=now)
+        if isinstance(step, Publish):
+            return None
+        if isinstance(step, Done | Release):
+            return len(step.ids)
+        if isinstance(step, Wait):
+            waits.append(step)
+            return None
+        raise AssertionError(step)
+
+    totals = RelayCounts()
+    with caplog.at_level(logging.WARNING, logger="fencing.relay"):
+        drive(loop(cfg, totals, lambda c, t: batches.append((c.claimed, t.claimed))), answer)
+    assert prunes == [0.0, 10.0, 20.5]
+    assert totals.pruned == 4  # two prunes of 2 rows; the failed one counts nothing
+    assert batches == [(1, 1), (1, 2), (0, 2)]
+    assert [w.wake for w in waits] == [False, False, True]
+    assert 0.5 <= waits[0].seconds <= 1.0 and 1.0 <= waits[1].seconds <= 2.0
+    assert waits[2].seconds == 0.25
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith(
+        "the store failed (claim: the database is locked); next claim in "
+    )
+    assert messages[2] == "could not prune the outbox: prune: the database is locked"
+    assert len(messages) == 3
