@@ -10,11 +10,14 @@ a batch that published, so an outage late in a relay's life backs off from the b
 from __future__ import annotations
 
 import logging
+import math
+import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from fencing import InvalidInput
 from fencing._errors import TransientStoreError
 from fencing._outbox import OutboxClaim, OutboxRow
 from fencing.contrib._options import Backoff
@@ -205,3 +208,53 @@ def test_the_loop_backs_off_on_store_errors_and_prunes_every_prune_every(
     )
     assert messages[2] == "could not prune the outbox: prune: the database is locked"
     assert len(messages) == 3
+
+
+INTEGERS = [
+    ("batch", "batch", 1, 10_000),
+    ("mark_every", "mark_every", 1, 10_000),
+    ("max_failures", "max_failures", 1, 10_000),
+    ("dead_after", "dead_after (or None: never)", 1, 10_000),
+]
+SECONDS = [
+    ("ttl", 0.1, 86400),
+    ("poll", 0.001, 3600),
+    ("retention", 0, 10 * 365 * 86400),
+    ("prune_every", 0.001, 86400),
+    ("claim_margin", 0.1, 1.0),
+]
+
+
+def refused(message: str, **settings: Any) -> None:
+    with pytest.raises(InvalidInput, match="^" + re.escape(message) + "$"):
+        RelayConfig("r", "celery", **settings)
+
+
+@pytest.mark.parametrize(("field", "what", "low", "high"), INTEGERS)
+def test_a_relay_count_setting_is_an_integer_in_its_range(
+    field: str, what: str, low: int, high: int
+) -> None:
+    for ok in (low, high):
+        assert getattr(RelayConfig("r", "celery", **{field: ok}), field) == ok
+    message = f"{what} is an integer from {low} to {high}"
+    for bad in (low - 1, high + 1, True, 2.0, "3"):
+        refused(message, **{field: bad})
+
+
+@pytest.mark.parametrize(("field", "low", "high"), SECONDS)
+def test_a_relay_time_setting_is_seconds_in_its_range(field: str, low: float, high: float) -> None:
+    for ok in (low, high):
+        assert getattr(RelayConfig("r", "celery", **{field: ok}), field) == ok
+    for bad in (low - 0.0001, high + 0.0001):
+        refused(f"{field} is from {low} to {high} seconds, not {bad}", **{field: bad})
+    for bad in (True, "1", math.nan, math.inf):
+        refused(f"{field} is a number of seconds", **{field: bad})
+
+
+def test_a_relay_s_name_kind_and_backoff_are_checked() -> None:
+    with pytest.raises(InvalidInput, match=r"^relay name 'no spaces' is not allowed"):
+        RelayConfig("no spaces", "celery")
+    with pytest.raises(InvalidInput, match=r"^queue kind must be one of"):
+        RelayConfig("r", "carrier-pigeon")
+    refused("backoff is a fencing.contrib Backoff", backoff=(1, 2))
+    assert RelayConfig("r", "celery", dead_after=None).dead_after is None

@@ -178,7 +178,7 @@ class RelayConfig:
     dead_after: int | None = 10
 
     def __post_init__(self) -> None:
-        check_name(self.name, "relay name")
+        check_name(self.name, "relay")
         if self.kind not in QUEUE_KINDS:
             raise InvalidInput(f"queue kind must be one of {QUEUE_KINDS}, not {self.kind!r}")
         _count(self.batch, "batch", 1, 10_000)
