@@ -24,6 +24,7 @@ from fencing.contrib._options import Backoff
 from fencing.contrib._relayflow import (
     LAPSING,
     BatchCounts,
+    Bury,
     Claim,
     Clock,
     Done,
@@ -258,3 +259,91 @@ def test_a_relay_s_name_kind_and_backoff_are_checked() -> None:
         RelayConfig("r", "carrier-pigeon")
     refused("backoff is a fencing.contrib Backoff", backoff=(1, 2))
     assert RelayConfig("r", "celery", dead_after=None).dead_after is None
+
+
+def test_what_the_relay_logs_of_a_published_a_failed_and_a_dead_row(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each record's message and structured fields, exactly: a published row (its lag by
+    the store's clock), a failed one, and one that failed its ``dead_after``-th strike."""
+    cfg = RelayConfig("relay-1", "celery", dead_after=3)
+    good = row(1, "a")
+    good = OutboxRow(**{**_fields(good), "attempts": 1, "created_at": 90.0})
+    poison = OutboxRow(
+        **{
+            **_fields(row(2, "b")),
+            "queue": "q1",
+            "options": {"priority": 5},
+            "payload": LONG,
+            "attempts": 4,
+            "strikes": 2,
+            "created_at": 80.0,
+        }
+    )
+    times = iter([50.0, 51.0, 52.50000037, 53.0])
+
+    def answer(step: Any) -> Any:
+        if isinstance(step, Claim):
+            return OutboxClaim(7, (good, poison), until=130.0, now=100.0)
+        if isinstance(step, Clock):
+            return next(times)
+        if isinstance(step, Publish):
+            return None if step.row.id == 1 else Failed(ValueError("poison"))
+        if isinstance(step, Done | Bury | Release):
+            return len(step.ids)
+        raise AssertionError(step)
+
+    with caplog.at_level(logging.INFO, logger="fencing.relay"):
+        counts = drive(batch(cfg, BatchCounts()), answer)
+    assert (counts.published, counts.failed, counts.dead) == (1, 1, 1)
+    published, failed, dead = caplog.records
+    assert (published.levelno, failed.levelno, dead.levelno) == (20, 30, 40)
+    assert published.getMessage() == "published outbox row 1 (ship, key a) after 12.500s"
+    common = {"fencing_relay": "relay-1", "fencing_queue": "celery", "fencing_task": "ship"}
+    assert _extra(published) == {
+        **common,
+        "fencing_row_id": 1,
+        "fencing_key": "a",
+        "fencing_lag": 12.5,  # 100 (claimed, the store's clock) + 2.5 s - 90, to the µs
+        "fencing_attempts": 2,
+        "fencing_claim": 7,
+    }
+    assert failed.getMessage() == "could not publish outbox row 2 (ship, key b): ValueError: poison"
+    assert _extra(failed) == {
+        **common,
+        "fencing_row_id": 2,
+        "fencing_key": "b",
+        "fencing_error": "ValueError: poison",
+        "fencing_attempts": 5,
+        "fencing_claim": 7,
+    }
+    assert dead.getMessage() == (
+        "outbox row 2 (ship, key b) is dead after 5 attempt(s), 3 while the broker took"
+        " other rows: ValueError: poison. Its key's later rows go on without it (their"
+        " order around it is broken); `fencing outbox URL --dead` lists it, `--retry 2`"
+        " puts it back"
+    )
+    assert _extra(dead) == {
+        **common,
+        "fencing_row_id": 2,
+        "fencing_key": "b",
+        "fencing_route": "q1",
+        "fencing_options": {"priority": 5},
+        "fencing_payload": LONG[:2000],  # at most 2000 characters of it
+        "fencing_created_at": 80.0,
+        "fencing_error": "ValueError: poison",
+        "fencing_attempts": 5,
+        "fencing_strikes": 3,
+        "fencing_claim": 7,
+    }
+
+
+LONG = '{"p": "' + "x" * 2100 + '"}'
+
+
+def _fields(r: OutboxRow) -> dict[str, Any]:
+    return {name: getattr(r, name) for name in OutboxRow.__dataclass_fields__}
+
+
+def _extra(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in vars(record).items() if k.startswith("fencing_")}
