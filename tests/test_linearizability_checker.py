@@ -431,3 +431,48 @@ def test_one_mutated_answer_is_rejected(seed: int, stretch: int) -> None:
     wrong, _ = found
     report = check_linearizable(wrong)
     assert report.ok is False, report.summary()
+
+
+def test_when_an_operation_of_unknown_outcome_is_inert() -> None:
+    """``inert``: an operation whose outcome is unknown and that can no longer take effect
+    (versions and tokens only grow), so the search need not place it."""
+    from fencing.testing._linear_model import (
+        LEASE_PREFIX,
+        Context,
+        LeaseState,
+        RecordState,
+        inert,
+    )
+
+    ctx = Context([A, LEASE_PREFIX + "L"], frozenset())
+
+    def unknown(kind: str, args: dict[str, Any]) -> Operation:
+        return Operation(kind, args, None, 1, None)
+
+    def at(rec: RecordState, lease: LeaseState | None = None) -> tuple[Any, ...]:
+        return (rec, LeaseState() if lease is None else lease)
+
+    live = RecordState(True, 3, "{}", fence=2)
+    plain = unknown("commit", commit(A, 3, "r", {}))
+    assert not inert(ctx, at(live), plain)  # expects version 3, the record is at 3
+    assert inert(ctx, at(live._replace(version=4)), plain)  # past it
+    assert not inert(ctx, at(live._replace(version=2)), plain)
+    gone = RecordState(False, 0, "null", tomb=3)
+    assert inert(ctx, at(gone), plain)  # deleted at 3
+    assert not inert(ctx, at(gone._replace(tomb=2)), plain)  # deleted before it
+    assert not inert(ctx, at(live), unknown("commit", commit(A, None, "r", {})))  # no version
+    fenced = unknown("commit", commit(A, 3, "r", {}, lease="L", token=2))
+    assert not inert(ctx, at(live, LeaseState(2, True)), fenced)
+    assert inert(ctx, at(live, LeaseState(3, True)), fenced)  # a newer token was granted
+    assert inert(ctx, at(live._replace(fence=3), LeaseState(2, True)), fenced)  # or wrote it
+    assert inert(ctx, at(live._replace(version=4), LeaseState(2, True)), fenced)
+    batch = unknown("commit_many", {"items": [commit(A, 3, "r", {})]})
+    assert not inert(ctx, at(live), batch)
+    assert inert(ctx, at(live._replace(version=4)), batch)
+    release = unknown("release", {"name": "L", "token": 2})
+    assert not inert(ctx, at(live, LeaseState(2, True)), release)
+    assert inert(ctx, at(live, LeaseState(3, True)), release)  # not its token any more
+    assert inert(ctx, at(live), unknown("get", {"key": A}))
+    for kind, args in (("create", {"key": A, "state": {}}), ("delete", {"key": A})):
+        assert not inert(ctx, at(gone), unknown(kind, args))
+    assert not inert(ctx, at(live), unknown("acquire", {"name": "L"}))
