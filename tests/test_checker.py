@@ -626,3 +626,50 @@ def test_history_writer_processes_write_whole_lines(tmp_path: Path) -> None:
     lines = Path(path).read_text().splitlines()
     assert len(lines) == 900
     assert {json.loads(line)["name"] for line in lines} == {"p0", "p1", "p2"}
+
+
+def test_outcome_event_fields_exactly() -> None:
+    """``outcome_event``: every field of the event a history records for an outcome."""
+    from fencing import Committed, Contended, Fenced, FenceReason, Intent, Missing, Record
+    from fencing.testing import outcome_event
+
+    intent = Intent("i-1", "orders", "o-1", 3, "ship", decided_at=123.5)
+    derived = intent.derive(4, 1)
+    record = Record("orders", "o-1", 5, 2, {"s": 1})
+    committed = outcome_event(Committed(record, derived), intent, worker="w1", token=2, t=9.0)
+    assert committed == {
+        "event": "outcome",
+        "t": 9.0,
+        "worker": "w1",
+        "collection": "orders",
+        "key": "o-1",
+        "intent_id": derived.id,  # the derived intent that committed
+        "root_id": "i-1",
+        "transition": "ship",
+        "expected_version": 4,
+        "outcome": "committed",
+        "version": 5,
+        "applied_over": 4,
+        "token": 2,
+        "fence": 2,
+        "decided_at": derived.decided_at,
+    }
+    table = outcome_event(Committed(record), intent, worker="w", versioned=False, t=1.0)
+    assert (table["version"], table["applied_over"], table["fence"]) == (None, None, 2)
+    assert table["intent_id"] == "i-1" and table["expected_version"] == 3
+    fenced = outcome_event(Fenced(record, FenceReason.EXPIRED), intent, worker="w", t=1.0)
+    assert (fenced["outcome"], fenced["reason"], fenced["applied_over"]) == (
+        "fenced",
+        "expired",
+        None,
+    )
+    contended = outcome_event(Contended(record, 3), intent, worker="w", t=1.0)
+    assert (contended["outcome"], contended["attempts"], contended["version"]) == (
+        "contended",
+        3,
+        5,
+    )
+    missing = outcome_event(Missing(), Intent("i-2", "orders", "o-2", 1, "x"), worker="w")
+    assert (missing["version"], missing["fence"], missing["token"]) == (None, None, None)
+    assert "decided_at" not in missing and "reason" not in missing
+    assert isinstance(missing["t"], float) and missing["t"] > 1.6e9  # now, by default
