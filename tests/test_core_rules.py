@@ -168,3 +168,28 @@ def test_what_an_old_snapshot_may_explain() -> None:
         assert not ask(fenced, 3, 3, fence=0, token=None)
     assert not ask(Status.DUPLICATE, 3, 3)
     assert not ask(Status.APPLIED, 4, 3)
+
+
+def test_an_outbox_row_from_a_stored_row() -> None:
+    """``outbox_row``: each column converted as a store hands it back, NULLs kept."""
+    from fencing._outbox import outbox_row
+
+    stored = (
+        "7", "celery", "ship", 5, 3, '{"a": 1}', 42, "10.5", "2", 9,
+        "4", 8, "20", "30", "1", "40", "an extra column",
+    )  # fmt: skip
+    assert outbox_row(stored) == OutboxRow(
+        7, "celery", "ship", "5", "3", {"a": 1}, "42", 10.5, 2, "9",
+        4, "8", 20.0, 30.0, 1, 40.0,
+    )  # fmt: skip
+    nulls = (1, "rq", "t", None, "{}", None, "k", 1, 0, None, None, None, None, None, 0, None)
+    assert outbox_row(nulls) == OutboxRow(
+        1, "rq", "t", None, "{}", {}, "k", 1.0, 0, None, None, None, None, None, 0, None
+    )
+    as_dict = outbox_row(
+        (1, "rq", "t", None, "{}", {"b": 2}, "k", 1, 0, None) + (None,) * 4 + (0, None)
+    )
+    assert as_dict.options == {"b": 2}
+    assert outbox_row(
+        (1, "rq", "t", None, "{}", b'{"c": 3}', "k", 1, 0) + (None,) * 5 + (0, None)
+    ).options == {"c": 3}
