@@ -193,3 +193,28 @@ def test_an_outbox_row_from_a_stored_row() -> None:
     assert outbox_row(
         (1, "rq", "t", None, "{}", b'{"c": 3}', "k", 1, 0) + (None,) * 5 + (0, None)
     ).options == {"c": 3}
+
+
+def test_sqlite_quotes_identifiers_part_by_part_and_caches_per_shape() -> None:
+    from fencing._request import Target
+    from fencing.backends.sqlite import statements as sql
+
+    assert sql.quote("orders") == '"orders"'
+    assert sql.quote('we"ird') == '"we""ird"'
+    assert sql.quote("main.orders") == '"main"."orders"'
+    statements = sql.Statements()
+    target = Target("table", "main.orders", "id")
+    fence = sql.FENCE_OF_ROW
+    row = f'SELECT t.*, {fence} FROM "main"."orders" AS t WHERE t."id" = ?'
+    probe = (
+        f'SELECT t.*, {fence}, EXISTS ({sql.IS_APPLIED}) FROM "main"."orders" AS t WHERE t."id" = ?'
+    )
+    for _ in range(2):  # built, then from the cache: one statement per shape
+        assert statements.row(target, probe=False) == row
+        assert statements.row(target, probe=True) == probe
+    other = Target("table", "items", "sku")
+    assert statements.row(other, probe=False) == row.replace('"main"."orders"', '"items"').replace(
+        '"id"', '"sku"'
+    )
+    by_code = Target("table", "items", "code")  # the same table, another key column
+    assert statements.row(by_code, probe=False).endswith('AS t WHERE t."code" = ?')
