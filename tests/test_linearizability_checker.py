@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -476,3 +477,26 @@ def test_when_an_operation_of_unknown_outcome_is_inert() -> None:
     for kind, args in (("create", {"key": A, "state": {}}), ("delete", {"key": A})):
         assert not inert(ctx, at(gone), unknown(kind, args))
     assert not inert(ctx, at(live), unknown("acquire", {"name": "L"}))
+
+
+def test_a_history_file_keeps_every_field_of_an_operation_and_its_init(tmp_path: Path) -> None:
+    history = [
+        Operation("create", {"key": A, "state": {"n": 1}}, {"version": 3}, 1, 2, "p1", "t1"),
+        Operation("get", {"key": A}, None, 3, None, "p2", ""),
+    ]
+    path = tmp_path / "h.jsonl"
+    init = {"event": "init", "key": A, "version": 2, "state": {}}
+    bare = {"event": "lin", "op": "get", "args": {"key": A}, "invoke": 5, "return": 6}
+    events = (init, *(lin_event(o) for o in history), bare)
+    path.write_text("\n".join(json.dumps(e) for e in events) + "\n\n")
+    ops, found = read_lin_file(path)
+    assert ops == [*history, Operation("get", {"key": A}, None, 5, 6, "", "")]
+    assert (ops[2].process, ops[2].thread) == ("", "")  # none written: empty
+    assert [(o.process, o.thread, o.ret) for o in ops[:2]] == [("p1", "t1", 2), ("p2", "", None)]
+    assert found == {A: init}
+    path.write_text(json.dumps(lin_event(history[0])) + "\n{not json\n")
+    with pytest.raises(HistoryError, match=f"^{re.escape(str(path))}:2: not JSON: "):
+        read_lin_file(path)
+    path.write_text("\n[1, 2]\n")
+    with pytest.raises(HistoryError, match=f"^{re.escape(str(path))}:2: an event must be a JSON"):
+        read_lin_file(path)
