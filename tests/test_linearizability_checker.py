@@ -500,3 +500,16 @@ def test_a_history_file_keeps_every_field_of_an_operation_and_its_init(tmp_path:
     path.write_text("\n[1, 2]\n")
     with pytest.raises(HistoryError, match=f"^{re.escape(str(path))}:2: an event must be a JSON"):
         read_lin_file(path)
+
+
+def test_an_operation_describes_itself_in_one_line() -> None:
+    result = {"version": 2, "at": Path("y")}
+    known = Operation("get", {"key": A, "b": 1}, result, 3, 7, "p1", "t2", index=4)
+    assert known.describe() == (
+        '#4 p1/t2 [3, 7] get{"b": 1, "key": "c:orders/a"} -> {"at": "y", "version": 2}'
+    )
+    unknown = Operation("commit", {"when": Path("x")}, "ignored", 5, None, "Xp", "", index=0)
+    assert unknown.describe() == '#0 Xp [5, inf] commit{"when": "x"} -> ?'
+    assert (
+        Operation("get", {}, None, 1, 2, "", "t", index=1).describe() == "#1 t [1, 2] get{} -> null"
+    )
