@@ -27,10 +27,9 @@ flows, their steps run inside the caller's transaction (``docs/transactions.md``
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import weakref
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final, NoReturn, TypeVar
@@ -56,8 +55,9 @@ from .errors import translate
 from .statements import NOW, quoted
 from .statements import qualified as _qualified
 from .steps import Answer, Pipeline, Query, Step, answer, has_rows
+from .watch import hold
 
-__all__ = ["AsyncPostgresBoundBackend", "PostgresBoundBackend", "bind", "held_here"]
+__all__ = ["AsyncPostgresBoundBackend", "PostgresBoundBackend", "bind"]
 
 R = TypeVar("R")
 
@@ -89,55 +89,10 @@ def bind(parent: Any, borrowed: Borrowed) -> Any:
             f" connections on postgresql+psycopg, not {borrowed.kind}"
         )
     if isinstance(borrowed.source, (psycopg.Connection, psycopg.AsyncConnection)):
-        _hold(borrowed.source)
+        hold(borrowed.source)
     if borrowed.asynchronous:
         return AsyncPostgresBoundBackend(parent, borrowed)
     return PostgresBoundBackend(parent, borrowed)
-
-
-# -- whose transaction a borrowed connection holds (``watch.py``) ------------------------
-_HELD: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
-_HELD_LOCK: Final = threading.Lock()
-_OPEN: Final = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
-
-
-def _owner() -> tuple[int, int]:
-    """The current thread, and asyncio task (0: none)."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    return threading.get_ident(), 0 if task is None else id(task)
-
-
-def _hold(conn: Any) -> None:
-    """``conn`` (given to ``store.using``) is the current thread's (or task's)."""
-    try:
-        with _HELD_LOCK:
-            _HELD[conn] = _owner()
-    except TypeError:  # cannot be weakly referenced: not watched
-        pass
-
-
-def held_here(info: Any) -> frozenset[int]:
-    """The server pids of the current thread's (or task's) borrowed connections that are
-    in a transaction, on the server and database ``info`` (a connection's) describes."""
-    if not _HELD:
-        return frozenset()
-    owner = _owner()
-    with _HELD_LOCK:
-        mine = [conn for conn, who in _HELD.items() if who == owner]
-    where = (info.host, info.port, info.dbname)
-    pids = set()
-    for conn in mine:
-        found = conn.info
-        if (
-            not conn.closed
-            and found.transaction_status in _OPEN
-            and (found.host, found.port, found.dbname) == where
-        ):
-            pids.add(found.backend_pid)
-    return frozenset(pids)
 
 
 @lru_cache(maxsize=2048)
@@ -345,14 +300,20 @@ def _resolved_on(parent: Any, conn: Any) -> set[str]:
 
 
 # -- sync --------------------------------------------------------------------------------
-def _send(conn: Any, queries: Sequence[Query], pipeline: bool) -> list[Answer]:
-    """The statements on ``conn``, rows as tuples whatever the caller's row factory."""
+def _send(
+    conn: Any, queries: Sequence[Query], pipeline: bool, held: list[Any] | None = None
+) -> list[Answer]:
+    """The statements on ``conn``, rows as tuples whatever the caller's row factory;
+    ``held`` gets psycopg's pipeline context (``_settle`` finishes it if interrupted)."""
     if not pipeline:
         (q,) = queries
         cur = conn.cursor(row_factory=tuple_row)
         cur.execute(q.text, q.params, prepare=_prepare(q))
         return [answer(q, cur, cur.fetchall() if has_rows(cur) else [])]
-    with conn.pipeline():
+    context = conn.pipeline()
+    if held is not None:
+        held.append(context)
+    with context:
         curs = []
         for q in queries:
             cur = conn.cursor(row_factory=tuple_row)
@@ -364,10 +325,53 @@ def _send(conn: Any, queries: Sequence[Query], pipeline: bool) -> list[Answer]:
     ]
 
 
-def _settle(conn: Any) -> str | None:
+def _agrees(conn: Any, theirs: object) -> bool:
+    """Whether psycopg's own record of a pipeline (``conn._pipeline``, private) agrees
+    with libpq's state, which ``_settle`` brought out of pipeline mode. An interruption
+    between two steps of psycopg's bookkeeping (about once in a thousand) leaves one
+    behind, its level not counted down, with no pipeline under it: every later command
+    then fails ("connection not in pipeline mode", "another command is already in
+    progress"). Ours (not the caller's, ``theirs``) is forgotten; anything else is not
+    repaired here (the caller closes the connection)."""
+    found = getattr(conn, "_pipeline", None)
+    off: bool = conn.pgconn.pipeline_status == PipelineStatus.OFF
+    if found is None or found is theirs:
+        return off == (found is None)
+    if theirs is not None or not off:
+        return False
+    conn._pipeline = None
+    return getattr(conn, "_pipeline", None) is None
+
+
+def _restless(conn: Any, theirs: object) -> bool:
+    """Whether the connection is open but not at rest (a command in progress, or a
+    pipeline psycopg and libpq disagree about): the caller must not be left with it."""
+    pgconn = conn.pgconn
+    if conn.closed or pgconn.status == ConnStatus.BAD:
+        return False
+    return pgconn.transaction_status == TransactionStatus.ACTIVE or not _agrees(conn, theirs)
+
+
+def _suspended(held: Sequence[Any]) -> list[Any]:
+    """The generators of psycopg's pipeline contexts (``conn.pipeline()``) an
+    interruption left suspended (it landed in the context manager's own ``__exit__``
+    before it resumed them). Left so, the garbage collector would finish one later, at
+    any moment: a Sync sent on the caller's connection in the middle of its next
+    command."""
+    found = (getattr(context, "gen", None) for context in held)
+    return [gen for gen in found if gen is not None and _frame(gen) is not None]
+
+
+def _frame(gen: Any) -> Any:
+    return getattr(gen, "gi_frame", None) or getattr(gen, "ag_frame", None)
+
+
+def _settle(conn: Any, theirs: object = None, held: Sequence[Any] = ()) -> str | None:
     """Bring an interrupted connection's protocol to rest: cancel a running statement and
-    drain its results. None when it is at rest (or lost already: ``_undo`` says so);
-    if it cannot be, it is closed, and the answer says so."""
+    drain its results, finish psycopg's pipeline context if it was left suspended (once
+    libpq is at rest: its cleanup then finds nothing to wait for), and forget a pipeline
+    psycopg still records (``_agrees``). None when it is at rest (or lost already:
+    ``_undo`` says so); if it cannot be, it is closed, and the answer says so."""
     pgconn = conn.pgconn
     try:
         if conn.closed or pgconn.status == ConnStatus.BAD:
@@ -385,6 +389,12 @@ def _settle(conn: Any) -> str | None:
                     conn.wait(generators.fetch(pgconn), timeout=_SETTLE_TIMEOUT)
         while pgconn.transaction_status == TransactionStatus.ACTIVE:
             conn.wait(generators.fetch(pgconn), timeout=_SETTLE_TIMEOUT)
+        for gen in _suspended(held):
+            with suppress(Exception):  # (psycopg logs what it ignores)
+                gen.close()
+        if not _agrees(conn, theirs):
+            conn.close()
+            return _LOST
         return None
     except BaseException:
         conn.close()
@@ -434,24 +444,35 @@ class PostgresBoundBackend(_Tables, BoundBackend):
         queries = _plan(step, self.parent.schema)
         name = _SAVEPOINT if _joins(conn) else None
         if name is not None:
-            _hold(conn)
+            hold(conn)
+        theirs = getattr(conn, "_pipeline", None)  # the caller's own pipeline, if any
+        held: list[Any] = []
         try:
             if name is None:
-                return _result(step, _send(conn, queries, isinstance(step, Pipeline)))
-            return _result(step, _send(conn, _wrapped(queries, name), True)[1:-1])
+                return _result(step, _send(conn, queries, isinstance(step, Pipeline), held))
+            return _result(step, _send(conn, _wrapped(queries, name), True, held)[1:-1])
         except BaseException as exc:
             busy = _busy(conn)
-            _reraise(exc, _settle(conn) or _undo(conn, name), busy)
+            why = _settle(conn, theirs, held) or _undo(conn, name)
+            if _restless(conn, theirs):  # never left so: closed
+                conn.close()
+                why = _LOST
+            _reraise(exc, why, busy)
 
 
 # -- async: the same, awaited ------------------------------------------------------------
-async def _asend(conn: Any, queries: Sequence[Query], pipeline: bool) -> list[Answer]:
+async def _asend(
+    conn: Any, queries: Sequence[Query], pipeline: bool, held: list[Any] | None = None
+) -> list[Answer]:
     if not pipeline:
         (q,) = queries
         cur = conn.cursor(row_factory=tuple_row)
         await cur.execute(q.text, q.params, prepare=_prepare(q))
         return [answer(q, cur, await cur.fetchall() if has_rows(cur) else [])]
-    async with conn.pipeline():
+    context = conn.pipeline()
+    if held is not None:
+        held.append(context)
+    async with context:
         curs = []
         for q in queries:
             cur = conn.cursor(row_factory=tuple_row)
@@ -463,7 +484,7 @@ async def _asend(conn: Any, queries: Sequence[Query], pipeline: bool) -> list[An
     ]
 
 
-async def _asettle(conn: Any) -> str | None:
+async def _asettle(conn: Any, theirs: object = None, held: Sequence[Any] = ()) -> str | None:
     pgconn = conn.pgconn
     try:
         if conn.closed or pgconn.status == ConnStatus.BAD:
@@ -481,6 +502,12 @@ async def _asettle(conn: Any) -> str | None:
                     await conn.wait(generators.fetch(pgconn), timeout=_SETTLE_TIMEOUT)
         while pgconn.transaction_status == TransactionStatus.ACTIVE:
             await conn.wait(generators.fetch(pgconn), timeout=_SETTLE_TIMEOUT)
+        for gen in _suspended(held):
+            with suppress(Exception):
+                await gen.aclose()
+        if not _agrees(conn, theirs):
+            await conn.close()
+            return _LOST
         return None
     except BaseException:
         await conn.close()
@@ -527,11 +554,18 @@ class AsyncPostgresBoundBackend(_Tables, AsyncBoundBackend):
         queries = _plan(step, self.parent.schema)
         name = _SAVEPOINT if _joins(conn) else None
         if name is not None:
-            _hold(conn)
+            hold(conn)
+        theirs = getattr(conn, "_pipeline", None)  # the caller's own pipeline, if any
+        held: list[Any] = []
         try:
             if name is None:
-                return _result(step, await _asend(conn, queries, isinstance(step, Pipeline)))
-            return _result(step, (await _asend(conn, _wrapped(queries, name), True))[1:-1])
+                pipelined = isinstance(step, Pipeline)
+                return _result(step, await _asend(conn, queries, pipelined, held))
+            return _result(step, (await _asend(conn, _wrapped(queries, name), True, held))[1:-1])
         except BaseException as exc:
             busy = _busy(conn)
-            _reraise(exc, await _asettle(conn) or await _aundo(conn, name), busy)
+            why = await _asettle(conn, theirs, held) or await _aundo(conn, name)
+            if _restless(conn, theirs):  # never left so: closed
+                await conn.close()
+                why = _LOST
+            _reraise(exc, why, busy)

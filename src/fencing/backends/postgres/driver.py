@@ -37,7 +37,7 @@ from .listen import AsyncPostgresWaker, PostgresWaker
 from .settings import Settings
 from .statements import qualified
 from .steps import Answer, Query, Step, answer, has_rows
-from .watch import Watched, watchdog
+from .watch import Watched, held_here, watchdog
 
 __all__ = ["AsyncPostgresBackend", "PostgresBackend"]
 
@@ -160,7 +160,7 @@ class PostgresBackend(_Postgres, FlowBackend):
             conn = slot.conn
             assert conn is not None
             try:
-                mine = bound.held_here(conn.info)
+                mine = held_here(conn.info)
                 if not mine:
                     found = self._execute(conn, step)
                 else:  # this thread has a transaction open through store.using: watched
@@ -257,7 +257,7 @@ class AsyncPostgresBackend(_Postgres, AsyncFlowBackend):
             # psycopg_pool gives a connection it handed to a cancelled waiter back itself.
             conn = await self.pool.getconn()
             try:
-                mine = bound.held_here(conn.info)
+                mine = held_here(conn.info)
                 if not mine:
                     return await self._execute(conn, step)
                 # this task has a transaction open through store.using: watched

@@ -23,16 +23,19 @@ not wait that long.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
-__all__ = ["INTERVAL", "Watchdog", "Watched", "watchdog"]
+__all__ = ["INTERVAL", "Watchdog", "Watched", "held_here", "hold", "watchdog"]
 
 logger = logging.getLogger("fencing.postgres")
 
@@ -115,6 +118,51 @@ class Watchdog:
                     if own and w in self._watched:
                         w.blocker = own[0]
                         w.cancel.cancel()
+
+
+# -- whose transaction a borrowed connection holds (``bound.py`` records it) -------------
+_HELD: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+_HELD_LOCK: Final = threading.Lock()
+_OPEN: Final = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+
+
+def _owner() -> tuple[int, int]:
+    """The current thread, and asyncio task (0: none)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    return threading.get_ident(), 0 if task is None else id(task)
+
+
+def hold(conn: Any) -> None:
+    """``conn`` (given to ``store.using``) is the current thread's (or task's)."""
+    try:
+        with _HELD_LOCK:
+            _HELD[conn] = _owner()
+    except TypeError:  # cannot be weakly referenced: not watched
+        pass
+
+
+def held_here(info: Any) -> frozenset[int]:
+    """The server pids of the current thread's (or task's) borrowed connections that are
+    in a transaction, on the server and database ``info`` (a connection's) describes."""
+    if not _HELD:
+        return frozenset()
+    owner = _owner()
+    with _HELD_LOCK:
+        mine = [conn for conn, who in _HELD.items() if who == owner]
+    where = (info.host, info.port, info.dbname)
+    pids = set()
+    for conn in mine:
+        found = conn.info
+        if (
+            not conn.closed
+            and found.transaction_status in _OPEN
+            and (found.host, found.port, found.dbname) == where
+        ):
+            pids.add(found.backend_pid)
+    return frozenset(pids)
 
 
 _WATCHDOGS: dict[str, Watchdog] = {}
