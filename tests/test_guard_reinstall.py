@@ -9,6 +9,7 @@ installs the guard again: it must return while that transaction is still open.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -24,8 +25,18 @@ WAIT = 20.0  # seconds: the unfixed install waits for the writer, forever
 
 
 @contextmanager
-def open_writer(store: Any, backend_name: str) -> Iterator[None]:
+def open_writer(store: Any, backend_name: str, url: str) -> Iterator[None]:
     """Another session's transaction, open, holding an UPDATE of row 2 (not committed)."""
+    if backend_name == "sqlite-file":
+        writer = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        writer.execute("BEGIN IMMEDIATE")  # the database's write lock, held
+        writer.execute(f"UPDATE {TABLE} SET status = 'writing' WHERE id = 2")
+        try:
+            yield
+        finally:
+            writer.rollback()
+            writer.close()
+        return
     if backend_name == "postgresql":
         from .backends_postgres import connect
 
@@ -53,6 +64,8 @@ def open_writer(store: Any, backend_name: str) -> Iterator[None]:
 def installed(store: Any, backend_name: str) -> tuple[Any, ...]:
     """What identifies the installed guard: a new object (or a replaced one) differs."""
     with raw(store, backend_name) as run:
+        if backend_name == "sqlite-file":
+            return tuple(run("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"))
         if backend_name == "postgresql":
             return tuple(
                 run(
@@ -74,19 +87,19 @@ def settled(future: Future[Any]) -> Any:
     return future.result(timeout=WAIT)
 
 
-servers = pytest.mark.backends(only=lambda name: name in ("postgresql", "mysql"))
+shared = pytest.mark.backends(only=lambda name: name in ("postgresql", "mysql", "sqlite-file"))
 
 
-@servers
+@shared
 @pytest.mark.apis(only=["sync"])
 @pytest.mark.timeout(120)
 def test_reinstalling_an_unchanged_guard_waits_on_no_writer(
-    store: Any, backend_name: str, make_table: Callable[..., Any]
+    store: Any, store_url: str, backend_name: str, make_table: Callable[..., Any]
 ) -> None:
     make_table(TABLE, ROWS)
     store.guard_table(TABLE, version="version", key="id")
     before = installed(store, backend_name)
-    with open_writer(store, backend_name):
+    with open_writer(store, backend_name, store_url):
         settled(in_thread(lambda: store.guard_table(TABLE, version="version", key="id")))
     assert installed(store, backend_name) == before  # nothing replaced
     with raw(store, backend_name) as run:

@@ -204,7 +204,10 @@ class SQLiteFlows(SQLiteOutboxFlows):
 
     # -- the guard trigger on a user's table (``guard``) ----------------------------------
     def guard_table(self, target: Target) -> Flow[None]:
-        return txn(lambda conn, now: guard.install(conn, target))
+        # there as it would be: nothing to write, and no write lock to wait for
+        if (yield from txn(lambda conn, now: guard.installed(conn, target), write=False)):
+            return
+        yield from txn(lambda conn, now: guard.install(conn, target))
 
     def unguard_table(self, target: Target) -> Flow[None]:
         return txn(lambda conn, now: guard.remove(conn, target))

@@ -10,7 +10,9 @@ A BEFORE UPDATE trigger cannot change NEW in SQLite, so the guard is two trigger
 * ``fencing_guardlow_<table>``: BEFORE UPDATE, WHEN the version would go lower (or to
   NULL), ``RAISE(ABORT, ...)``: the statement is undone, the transaction goes on.
 
-Installing drops and creates both in one transaction (idempotent, atomic).
+Installing first reads both triggers' text (a read transaction): already as they would be,
+nothing is written and no write lock taken (no wait for an open writer); otherwise it
+drops and creates both in one transaction (idempotent, atomic).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..._request import Target
 from .operations import describe
 from .statements import quote
 
-__all__ = ["install", "remove", "trigger_names"]
+__all__ = ["install", "installed", "remove", "trigger_names"]
 
 LOW_PREFIX = "fencing_guardlow_"
 
@@ -61,9 +63,34 @@ def _drop(conn: sqlite3.Connection, target: Target) -> None:
         conn.execute(f"DROP TRIGGER IF EXISTS {_schema(target)}{quote(name)}")
 
 
+def installed(conn: sqlite3.Connection, target: Target) -> bool:
+    """Check the table and its columns as ``install`` does; whether both triggers are
+    there as it would make them (``sqlite_master`` keeps each one's text, its schema
+    prefix dropped). A read: ``guard_table`` runs it first, so that installing a guard
+    that is there already takes no write lock (and waits for no open writer)."""
+    _check(conn, target)
+    where = _schema(target)
+    names = trigger_names(target)
+    found = dict(
+        conn.execute(
+            f"SELECT name, sql FROM {where}sqlite_master WHERE type = 'trigger' AND name IN (?, ?)",
+            names,
+        ).fetchall()
+    )
+    wanted = [t.replace(f"CREATE TRIGGER {where}", "CREATE TRIGGER ", 1) for t in _create(target)]
+    return [found.get(name) for name in names] == wanted
+
+
 def install(conn: sqlite3.Connection, target: Target) -> None:
     """Check the table and its columns (the key unique: the bump finds its row by it),
     then (re)create both triggers."""
+    _check(conn, target)
+    _drop(conn, target)
+    for text in _create(target):
+        conn.execute(text)
+
+
+def _check(conn: sqlite3.Connection, target: Target) -> None:
     found = describe(conn, target.name)
     if found is None:
         raise SchemaError(f"table {target.name!r} does not exist")
@@ -72,9 +99,6 @@ def install(conn: sqlite3.Connection, target: Target) -> None:
         if column not in names:
             raise SchemaError(f"table {target.name!r} has no {what} column {column!r}")
     check_unique_key(target, names, unique)
-    _drop(conn, target)
-    for text in _create(target):
-        conn.execute(text)
 
 
 def remove(conn: sqlite3.Connection, target: Target) -> None:
