@@ -121,7 +121,11 @@ class Watchdog:
 
 
 # -- whose transaction a borrowed connection holds (``bound.py`` records it) -------------
-_HELD: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+# By thread (and task): the connections it last ran a step of ``store.using`` on, and
+# each one's (host, port, database, pid), read once.
+_BY_OWNER: dict[tuple[int, int], weakref.WeakSet[Any]] = {}
+_OWNER_OF: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+_WHERE: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
 _HELD_LOCK: Final = threading.Lock()
 _OPEN: Final = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 
@@ -137,9 +141,22 @@ def _owner() -> tuple[int, int]:
 
 def hold(conn: Any) -> None:
     """``conn`` (given to ``store.using``) is the current thread's (or task's)."""
+    owner = _owner()
     try:
+        if _OWNER_OF.get(conn) == owner:
+            return
         with _HELD_LOCK:
-            _HELD[conn] = _owner()
+            before = _OWNER_OF.get(conn)
+            if before is not None and before in _BY_OWNER:
+                _BY_OWNER[before].discard(conn)
+            _OWNER_OF[conn] = owner
+            _BY_OWNER.setdefault(owner, weakref.WeakSet()).add(conn)
+            if conn not in _WHERE:
+                info = conn.info
+                _WHERE[conn] = (info.host, info.port, info.dbname, info.backend_pid)
+            if len(_BY_OWNER) > 64:  # owners gone (threads ended, tasks done)
+                for gone in [o for o, conns in _BY_OWNER.items() if not conns]:
+                    del _BY_OWNER[gone]
     except TypeError:  # cannot be weakly referenced: not watched
         pass
 
@@ -147,22 +164,22 @@ def hold(conn: Any) -> None:
 def held_here(info: Any) -> frozenset[int]:
     """The server pids of the current thread's (or task's) borrowed connections that are
     in a transaction, on the server and database ``info`` (a connection's) describes."""
-    if not _HELD:
+    if not _BY_OWNER:
         return frozenset()
-    owner = _owner()
+    found = _BY_OWNER.get(_owner())
+    if not found:
+        return frozenset()
     with _HELD_LOCK:
-        mine = [conn for conn, who in _HELD.items() if who == owner]
-    where = (info.host, info.port, info.dbname)
-    pids = set()
-    for conn in mine:
-        found = conn.info
-        if (
-            not conn.closed
-            and found.transaction_status in _OPEN
-            and (found.host, found.port, found.dbname) == where
-        ):
-            pids.add(found.backend_pid)
-    return frozenset(pids)
+        mine = [(conn, _WHERE.get(conn)) for conn in found]
+    here = (info.host, info.port, info.dbname)
+    return frozenset(
+        where[3]
+        for conn, where in mine
+        if where is not None
+        and where[:3] == here
+        and not conn.closed
+        and conn.pgconn.transaction_status in _OPEN
+    )
 
 
 _WATCHDOGS: dict[str, Watchdog] = {}
