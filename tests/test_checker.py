@@ -673,3 +673,51 @@ def test_outcome_event_fields_exactly() -> None:
     assert (missing["version"], missing["fence"], missing["token"]) == (None, None, None)
     assert "decided_at" not in missing and "reason" not in missing
     assert isinstance(missing["t"], float) and missing["t"] > 1.6e9  # now, by default
+
+
+def test_a_report_as_json_exactly() -> None:
+    from fencing.testing import Report
+    from fencing.testing._checker import Anomaly
+
+    report = Report(events=9, keys=2, errors=1, leases=3)
+    report.outcomes["committed"] = 4
+    event = {"event": "outcome", "key": "k"}
+    found = [
+        Anomaly("stale_write", "orders", f"k{i}", f"stale {i}", (event,), (i, i + 1))
+        for i in range(6)
+    ]
+    report.anomalies["stale_write"] = found
+    out = report.to_dict(examples=2)
+    assert out == {
+        "ok": False,
+        "events": 9,
+        "keys": 2,
+        "outcomes": report.outcomes,
+        "errors": 1,
+        "leases": 3,
+        "anomalies": {
+            "lost_update": 0,
+            "stale_write": 6,
+            "double_applied": 0,
+            "fence_regression": 0,
+        },
+        "examples": {
+            "lost_update": [],
+            "stale_write": [
+                {
+                    "kind": "stale_write",
+                    "collection": "orders",
+                    "key": f"k{i}",
+                    "message": f"stale {i}",
+                    "lines": [i, i + 1],
+                    "events": [event],
+                }
+                for i in range(2)
+            ],
+            "double_applied": [],
+            "fence_regression": [],
+        },
+    }
+    assert out["outcomes"]["committed"] == 4 and out["outcomes"] is not report.outcomes
+    assert len(report.to_dict()["examples"]["stale_write"]) == 5  # five by default
+    json.dumps(out)
