@@ -721,3 +721,33 @@ def test_a_report_as_json_exactly() -> None:
     assert out["outcomes"]["committed"] == 4 and out["outcomes"] is not report.outcomes
     assert len(report.to_dict()["examples"]["stale_write"]) == 5  # five by default
     json.dumps(out)
+
+
+def test_write_final_takes_keys_as_its_source_needs_them() -> None:
+    store = fencing.open("sqlite://:memory:")
+    try:
+        orders = store.collection("orders")
+        orders.create("a", {"n": 1})
+        sink = MemoryHistory()
+        assert write_final(sink, store, [("orders", "a"), ("orders", "b")]) == 2
+        assert [(e["key"], e["version"]) for e in sink.events] == [("a", 1), ("b", None)]
+        assert write_final(sink, orders, ["a"]) == 1 and sink.events[-1]["version"] == 1
+        for bad in (["a"], [("orders", "a", 3)], [("orders",)]):
+            with pytest.raises(
+                fencing.InvalidInput, match=r"^with a store, keys must be \(collection"
+            ):
+                write_final(sink, store, bad)
+        with pytest.raises(
+            fencing.InvalidInput, match=r"^with a collection or table, keys must be plain"
+        ):
+            write_final(sink, orders, [("orders", "a")])
+        backend = store.backend
+        with backend._lock:
+            backend.conn.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, status TEXT)")
+            backend.conn.execute("INSERT INTO items VALUES (7, 'new')")
+        items = store.table("items", key="id", version=None)
+        assert write_final(sink, items, [7]) == 1
+        last = sink.events[-1]
+        assert last["version"] is None and "version" in last  # nothing to chain
+    finally:
+        store.close()
