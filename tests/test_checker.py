@@ -751,3 +751,37 @@ def test_write_final_takes_keys_as_its_source_needs_them() -> None:
         assert last["version"] is None and "version" in last  # nothing to chain
     finally:
         store.close()
+
+
+def test_a_recorded_batch_writes_each_outcome_and_each_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = fencing.open("memory://")
+    try:
+        orders = store.collection("orders")
+        for key in ("a", "b"):
+            orders.create(key, {"n": 0})
+        sink = MemoryHistory()
+        recorder = Recorder(orders, sink, worker="w9")
+        intents = [orders.intent(key, "inc") for key in ("a", "b")]
+        with store.lease("orders/batch", owner="w9", ttl=30) as lease:
+            outs = recorder.commit_many([(i, {"n": 1}) for i in intents], lease=lease)
+        assert [o.committed for o in outs] == [True, True]
+        assert [(e["intent_id"], e["token"], e["fence"], e["worker"]) for e in sink.events] == [
+            (i.id, lease.token, lease.token, "w9") for i in intents
+        ]
+        late = [orders.intent(key, "inc") for key in ("a", "b")]
+
+        def down(*args: Any, **kwargs: Any) -> Any:
+            raise fencing.TransientStoreError("the store went away")
+
+        monkeypatch.setattr(orders, "commit_many", down)
+        with pytest.raises(fencing.TransientStoreError):
+            recorder.commit_many([(i, {"n": 2}) for i in late])
+        errors = sink.events[2:]
+        assert [(e["event"], e["intent_id"], e["key"]) for e in errors] == [
+            ("error", i.id, i.key) for i in late
+        ]
+        assert errors[0]["error"] == "TransientStoreError: the store went away"
+    finally:
+        store.close()
