@@ -513,3 +513,49 @@ def test_an_operation_describes_itself_in_one_line() -> None:
     assert (
         Operation("get", {}, None, 1, 2, "", "t", index=1).describe() == "#1 t [1, 2] get{} -> null"
     )
+
+
+def test_a_report_explains_itself_exactly() -> None:
+    from fencing.testing import LinReport
+    from fencing.testing._linear import PartitionResult
+    from fencing.testing._linear_model import LEASE_PREFIX
+
+    ops = [Operation("get", {"key": A}, None, i, i + 1, "p", "", index=i) for i in range(14)]
+    bad = PartitionResult(
+        [A, LEASE_PREFIX + "L"],
+        ops,
+        False,
+        99,
+        order=ops[:13],
+        stuck=ops[13:],
+        states=list("abcde"),
+    )
+    text = bad.explain()
+    lines = text.split("\n")
+    assert lines[0] == (
+        "partition [c:orders/a, lease:L]: NOT linearizable: 13 of 14 operations placed at"
+        " most; the last placed:"
+    )
+    assert lines[1:13] == ["  " + o.describe() for o in ops[1:13]]  # the last twelve
+    assert lines[13:] == [
+        "then none of these could be placed next:",
+        "  " + ops[13].describe(),
+        "model state(s) there: a; b; c; d",
+    ]
+    assert bad.explain(limit=1).split("\n")[1:3] == [
+        "  " + ops[12].describe(),
+        "then none of these could be placed next:",
+    ]
+    good = PartitionResult([A], ops[:2], True, 5)
+    unknown = PartitionResult([B], ops[:3], None, 7)
+    assert good.explain() == "partition [c:orders/a]: linearizable (2 operations)"
+    assert unknown.explain() == (
+        "partition [c:orders/b]: unknown, the search budget ran out after 7 nodes (3 operations)"
+    )
+    assert LinReport([good]).summary() == "linearizable: 2 operations in 1 partition(s)"
+    assert LinReport([good, unknown]).summary() == (
+        "unknown: 5 operations in 2 partition(s)\n" + unknown.explain()
+    )
+    assert LinReport([good, bad]).summary() == (
+        "NOT linearizable: 16 operations in 2 partition(s)\n" + text
+    )
