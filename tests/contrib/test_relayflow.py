@@ -37,6 +37,7 @@ from fencing.contrib._relayflow import (
     Stopping,
     Wait,
     batch,
+    drain,
     loop,
 )
 
@@ -347,3 +348,60 @@ def _fields(r: OutboxRow) -> dict[str, Any]:
 
 def _extra(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k.startswith("fencing_")}
+
+
+def run_drain(
+    plan: list[str], suspects: set[int] | None = None, pruned: int = 0
+) -> tuple[int, RelayCounts, list[int]]:
+    """Drive ``drain`` over claims of two rows of two keys each: "fail" (the first row
+    fails, the second is left untried: ``max_failures=1``), "good" (both published),
+    "one" (a claim of one row, published);
+    then empty claims. Returns how many claims it made, the totals, ``on_batch``'s view."""
+    cfg = RelayConfig("r", "celery", max_failures=1)
+    claims = 0
+    ids = iter(range(1, 1000))
+    outcome = "fail"
+    seen: list[int] = []
+
+    def answer(step: Any) -> Any:
+        nonlocal claims, outcome
+        if isinstance(step, Prune):
+            return 2
+        if isinstance(step, Stopping):
+            return False
+        if isinstance(step, Clock):
+            return 0.0
+        if isinstance(step, Claim):
+            claims += 1
+            assert claims < 20, "drain never stopped"
+            if not plan:
+                return OutboxClaim(1, (), until=30.0, now=0.0)
+            outcome = plan.pop(0)
+            rows = (row(next(ids), f"a{claims}"), row(next(ids), f"b{claims}"))
+            return OutboxClaim(1, rows[: 1 if outcome == "one" else 2], until=30.0, now=0.0)
+        if isinstance(step, Publish):
+            return Failed(ConnectionError("down")) if outcome == "fail" else None
+        if isinstance(step, Done | Release):
+            return len(step.ids)
+        raise AssertionError(step)
+
+    totals = RelayCounts(pruned=pruned)
+    drain_flow = drain(cfg, totals, lambda c, t: seen.append(t.batches), suspects)
+    assert drive(drain_flow, answer) is totals
+    return claims, totals, seen
+
+
+def test_a_drain_stops_after_fruitless_batches_or_an_empty_claim() -> None:
+    """Batches that publish nothing but fail rows not failing before, leaving rows
+    untried, go on up to FRUITLESS (3) in a row; a good batch starts the count over; a
+    batch whose failures were all known before stops at once; an empty claim ends it."""
+    claims, totals, seen = run_drain(["fail"] * 5, pruned=5)
+    assert claims == 3 and totals.batches == 3 and seen == [1, 2, 3]
+    assert totals.pruned == 7  # pruned once first, added to what it had
+    claims, _, _ = run_drain(["fail", "fail", "good", "fail", "fail", "fail", "fail"])
+    assert claims == 6
+    claims, _, _ = run_drain(["one", "good"])
+    assert claims == 3  # a batch of one row, a good batch, then the empty claim
+    known = {1, 2}  # the rows that will fail were failing before
+    claims, _, _ = run_drain(["fail", "fail"], suspects=known)
+    assert claims == 1 and known == {1, 2}
