@@ -218,3 +218,28 @@ def test_sqlite_quotes_identifiers_part_by_part_and_caches_per_shape() -> None:
     )
     by_code = Target("table", "items", "code")  # the same table, another key column
     assert statements.row(by_code, probe=False).endswith('AS t WHERE t."code" = ?')
+
+
+def test_a_frozen_state_and_an_intent_s_json_say_what_is_wrong() -> None:
+    import fencing
+    from fencing._values import FrozenState
+
+    state = FrozenState({"a": 1})
+    message = (
+        "a record's state is read-only: change a copy, {**record.state, ...} or dict(record.state)"
+    )
+    for change in (
+        lambda: state.__setitem__("a", 2),
+        lambda: state.update(b=2),
+        lambda: state.pop("a"),
+    ):
+        with pytest.raises(TypeError) as refused:
+            change()
+        assert str(refused.value) == message
+    good = fencing.Intent("i", "orders", "o", 1, "ship").to_json()
+    for constant in ("NaN", "Infinity", "-Infinity"):
+        with pytest.raises(fencing.InvalidIntent) as bad:
+            fencing.Intent.from_json(
+                good.replace('"expected_version":1', f'"expected_version":{constant}')
+            )
+        assert str(bad.value).endswith(f"(invalid intent: {constant} is not allowed)")
