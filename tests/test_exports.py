@@ -59,6 +59,7 @@ PUBLIC = [
     "RecordNotFound",
     "SchemaError",
     "SelfDeadlock",
+    "SerializationFailure",
     "Signer",
     "SkipType",
     "Skipped",
@@ -191,6 +192,7 @@ def test_every_error_derives_from_fencing_error() -> None:
     assert issubclass(fencing.TransientStoreError, fencing.StoreError)
     assert issubclass(fencing.LockTimeout, fencing.TransientStoreError)
     assert issubclass(fencing.SelfDeadlock, fencing.LockTimeout)
+    assert issubclass(fencing.SerializationFailure, fencing.TransientStoreError)
     assert issubclass(fencing.StoreClosed, fencing.StoreError)
     assert issubclass(fencing.StoreNotMigrated, fencing.SchemaError)
     assert issubclass(fencing.WrongEventLoop, fencing.StoreError)

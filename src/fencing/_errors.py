@@ -34,6 +34,9 @@ store that could not be reached::
         └── TransientStoreError              connection dropped, busy, timeout: the outcome
             │                                is unknown; retry with the *same* intent and
             │                                expect Duplicate if the first try landed
+            ├── SerializationFailure         store.using(): your transaction's snapshot is
+            │                                older than the row's latest commit: roll it
+            │                                back and run the whole transaction again
             └── LockTimeout                  fencing's own connection waited its lock_timeout
                 │                            for a lock another transaction holds
                 └── SelfDeadlock             ... held by your own open transaction, in this
@@ -63,6 +66,7 @@ __all__ = [
     "RecordNotFound",
     "SchemaError",
     "SelfDeadlock",
+    "SerializationFailure",
     "StoreClosed",
     "StoreError",
     "StoreNotMigrated",
@@ -213,6 +217,15 @@ class TransientStoreError(StoreError):
     Retry with the same intent: if the first attempt landed, the retry reports
     ``Duplicate`` and nothing is written twice.
     """
+
+
+class SerializationFailure(TransientStoreError):
+    """A call through ``store.using(conn)`` cannot be judged (or written) in your
+    transaction: its snapshot (``REPEATABLE READ``, ``SERIALIZABLE``, or SQLite's read
+    transaction) is older than the latest commit to the row, which the intent may have
+    been decided against. Nothing of the call remains in your transaction, which is left
+    usable; roll it back and run the whole transaction again: a new snapshot judges the
+    intent on the row as it is then (the retry, with the same intent, may commit)."""
 
 
 class LockTimeout(TransientStoreError):

@@ -38,6 +38,7 @@ __all__ = [
     "effect_counts",
     "outcome_for",
     "scope_stats",
+    "snapshot_may_explain",
     "stats_scopes",
     "table_version",
 ]
@@ -121,6 +122,28 @@ class CommitResult(NamedTuple):
 
     status: Status
     record: Record | None
+
+
+def snapshot_may_explain(request: CommitRequest, result: CommitResult) -> bool:
+    """Whether a refusal could be an artefact of judging ``request`` on a snapshot older
+    than the latest commit (a caller's ``REPEATABLE READ`` transaction, say), so that the
+    latest committed rows might answer otherwise: a record absent; one older than the
+    version the intent was decided against (or any ``Stale`` of a guard-only intent,
+    which has no version to compare); a refusal by the lease row (not by a newer fence
+    on the record). ``Stale`` at a version above the intent's, ``Duplicate``, and a fence
+    above the lease's token hold whatever the snapshot's age: each shows a row that was
+    committed (or written by the caller's own transaction), and versions, claims and
+    fences never go back."""
+    status, record = result
+    if record is None:  # Missing
+        return status is not Status.APPLIED
+    if status is Status.STALE:
+        expected = request.intent.expected_version
+        return expected is None or record.version < expected
+    if status is Status.FENCED_NEWER or status is Status.FENCED_EXPIRED:
+        lease = request.lease
+        return lease is not None and record.fence <= lease.token
+    return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -305,10 +305,13 @@ class Store:
         What a commit writes there is yours to commit or roll back: its outcome is what
         holds once you commit; rolled back, nothing of it remains and the same intent
         can commit later. fencing never commits, rolls back or closes the connection,
-        and a refused commit leaves your transaction usable. Leases and recorded
-        effects are written at once on the store's own connections (a lease token or
-        an effect must never be rolled back); ``migrate``, ``guard_table`` and
-        ``prune`` run on the store itself. See docs/transactions.md.
+        and a refused commit leaves your transaction usable; a refusal is never judged
+        on a snapshot older than the latest commit (``SerializationFailure``: run
+        your transaction again). Leases, recorded effects and the settlement of a
+        refused commit's effects are written at once on the store's own connections (a
+        lease token or an effect must never be rolled back); ``migrate``,
+        ``guard_table`` and ``prune`` run on the store itself. See
+        docs/transactions.md.
         """
         self._check_open()
         bind = getattr(self.backend, "bind", None)

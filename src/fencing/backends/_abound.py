@@ -14,27 +14,49 @@ rolls back or closes that connection. Each backend supplies
   reaches, run on the caller's connection and on the store's own; a connection to
   another one is refused, once per connection, with ``ConfigurationError``.
 
+A refusal is never judged on a snapshot older than the latest commit: when the
+caller's connection answers one that such a snapshot could explain
+(``_request.snapshot_may_explain``: a record absent, older than the intent's version, a
+lease row refusing), the backend's ``latest`` flow checks it against the latest
+committed rows, and either lets it stand (they agree, or the caller's own uncommitted
+writes are what refuses it), answers what they say (a read of the latest rows in the
+caller's transaction: MySQL's locking reads), or raises ``SerializationFailure`` (a
+``TransientStoreError``: run the transaction again). A fresh intent is never
+``Stale`` nor ``Missing`` because the caller's transaction cannot see the row yet.
+
 What is about the world outside the caller's data is written at once on the store's
 own connections, never inside the caller's transaction: leases (a token handed out and
 then rolled back would be handed out again) and recorded effects (an effect is on
-record before the call it names is made, whatever becomes of the transaction). Schema
-changes and pruning run on the store itself. ``_abound.py`` is the source;
+record before the call it names is made, whatever becomes of the transaction), and so
+is the settlement of an intent's effects when its commit through the view is refused
+(``Stale``, ``Fenced``, ``Missing``, ``Contended``): the caller's usual reaction to a
+refusal is to roll back, and the effects must stay listed for reconciliation; the
+effects are read there too (a ``Reconcile`` handler's, ``effects()``). Schema changes
+and pruning run on the store itself. ``_abound.py`` is the source;
 ``_bound.py`` (sync) is generated from it by ``scripts/unasync.py``.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .._borrow import Borrowed
-from .._effects import Effect, NewEffect
-from .._errors import ConfigurationError
+from .._effects import Effect, EffectQuery, NewEffect
+from .._errors import ConfigurationError, SerializationFailure
 from .._flow import Flow, adrive
-from .._request import LeaseAnswer, Target
+from .._request import (
+    CommitRequest,
+    CommitResult,
+    LeaseAnswer,
+    Target,
+    snapshot_may_explain,
+)
+from .._values import Record
 from ._abase import AsyncFlowBackend
 
-__all__ = ["AsyncBoundBackend"]
+__all__ = ["AsyncBoundBackend", "snapshot_too_old"]
 
 R = TypeVar("R")
 
@@ -45,6 +67,43 @@ def _checked_by(parent: Any) -> weakref.WeakSet[Any]:
     if known is None:
         known = parent._fencing_checked = weakref.WeakSet()
     return known
+
+
+def snapshot_too_old(scheme: str, request: CommitRequest) -> SerializationFailure:
+    """The error for a refusal judged on a snapshot older than the latest commit."""
+    intent = request.intent
+    return SerializationFailure(
+        f"{scheme}: your transaction's snapshot is older than the latest commit to"
+        f" {intent.kind} {intent.collection!r} key {intent.key!r} (or its lease), so it"
+        " cannot judge this intent: roll your transaction back and run it again"
+    )
+
+
+#: A bound backend's ``latest``: ``(request, result, probing) -> Flow[CommitResult]``.
+Latest = Callable[[CommitRequest, CommitResult, bool], Flow[CommitResult]]
+
+
+def _judged(
+    latest: Latest, request: CommitRequest, flow: Flow[CommitResult], probing: bool
+) -> Flow[CommitResult]:
+    """``flow``'s answer, checked against the latest committed rows (``latest``) when a
+    snapshot could explain it."""
+    result = yield from flow
+    if snapshot_may_explain(request, result):
+        result = yield from latest(request, result, probing)
+    return result
+
+
+def _all_judged(
+    latest: Latest, requests: Sequence[CommitRequest], flow: Flow[list[CommitResult]]
+) -> Flow[list[CommitResult]]:
+    results = yield from flow
+    judged = []
+    for request, result in zip(requests, results, strict=True):
+        if snapshot_may_explain(request, result):
+            result = yield from latest(request, result, False)
+        judged.append(result)
+    return judged
 
 
 class AsyncBoundBackend(AsyncFlowBackend):
@@ -68,6 +127,44 @@ class AsyncBoundBackend(AsyncFlowBackend):
     def identity_flow(self) -> Flow[object]:
         """A flow answering which database a connection reaches (comparable values)."""
         raise NotImplementedError
+
+    def latest(
+        self, request: CommitRequest, result: CommitResult, probing: bool
+    ) -> Flow[CommitResult]:
+        """A flow checking ``result``, a refusal the caller's connection answered for
+        ``request`` that a snapshot older than the latest commit could explain, against
+        the latest committed rows: the result that stands, or ``SerializationFailure``.
+        ``probing``: ``result`` is a probe's (``apply``'s first read), not a commit's.
+        This one trusts it: the backend's reads on the caller's connection see the
+        latest committed rows."""
+        return result
+        yield  # (a generator: no step)
+
+    def _scoped(self, target: Target, flow: Flow[R]) -> Flow[R]:
+        """``flow`` on the caller's connection for ``target`` (a backend may check
+        something first)."""
+        return flow
+
+    # -- the caller's transaction: reads and commits --------------------------------------
+    async def columns(
+        self, target: Target, declare: frozenset[str] | None = None
+    ) -> frozenset[str]:
+        return await self._drive(self._scoped(target, self.flows.columns(target, declare)))
+
+    async def read(self, target: Target, key: str | int) -> Record | None:
+        return await self._drive(self._scoped(target, self.flows.read(target, key)))
+
+    async def probe(self, request: CommitRequest) -> CommitResult:
+        flow = _judged(self.latest, request, self.flows.probe(request), True)
+        return await self._drive(self._scoped(request.target, flow))
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        flow = _judged(self.latest, request, self.flows.commit(request), False)
+        return await self._drive(self._scoped(request.target, flow))
+
+    async def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitResult]:
+        flow = _all_judged(self.latest, requests, self.flows.commit_many(requests))
+        return await self._drive(self._scoped(requests[0].target, flow) if requests else flow)
 
     async def _drive(self, flow: Flow[R]) -> R:
         # One connection for the whole flow: asked for once (a session is flushed once).
@@ -113,7 +210,7 @@ class AsyncBoundBackend(AsyncFlowBackend):
     async def close(self) -> None:
         """Nothing: the connection is the caller's to close."""
 
-    # -- on the store's own connections: leases and recorded effects -------------------
+    # -- on the store's own connections: leases and effects ---------------------------
     async def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer:
         answer: LeaseAnswer = await self.parent.acquire(name, owner, ttl)
         return answer
@@ -141,6 +238,14 @@ class AsyncBoundBackend(AsyncFlowBackend):
             idempotency_key, status, detail_json, reconcile
         )
         return found
+
+    async def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
+        effects: list[Effect] = await self.parent.settle_effects(scope, intent_id, outcome)
+        return effects
+
+    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+        effects: list[Effect] = await self.parent.list_effects(query)
+        return effects
 
     # -- on the store itself only ------------------------------------------------------
     def _store_only(self, what: str) -> ConfigurationError:

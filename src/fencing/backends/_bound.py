@@ -9,16 +9,24 @@ Generated from ``_abound.py``: see there.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .._borrow import Borrowed
-from .._effects import Effect, NewEffect
-from .._errors import ConfigurationError
+from .._effects import Effect, EffectQuery, NewEffect
+from .._errors import ConfigurationError, SerializationFailure
 from .._flow import Flow, drive
-from .._request import LeaseAnswer, Target
+from .._request import (
+    CommitRequest,
+    CommitResult,
+    LeaseAnswer,
+    Target,
+    snapshot_may_explain,
+)
+from .._values import Record
 from ._base import FlowBackend
 
-__all__ = ["BoundBackend"]
+__all__ = ["BoundBackend", "snapshot_too_old"]
 
 R = TypeVar("R")
 
@@ -29,6 +37,43 @@ def _checked_by(parent: Any) -> weakref.WeakSet[Any]:
     if known is None:
         known = parent._fencing_checked = weakref.WeakSet()
     return known
+
+
+def snapshot_too_old(scheme: str, request: CommitRequest) -> SerializationFailure:
+    """The error for a refusal judged on a snapshot older than the latest commit."""
+    intent = request.intent
+    return SerializationFailure(
+        f"{scheme}: your transaction's snapshot is older than the latest commit to"
+        f" {intent.kind} {intent.collection!r} key {intent.key!r} (or its lease), so it"
+        " cannot judge this intent: roll your transaction back and run it again"
+    )
+
+
+#: A bound backend's ``latest``: ``(request, result, probing) -> Flow[CommitResult]``.
+Latest = Callable[[CommitRequest, CommitResult, bool], Flow[CommitResult]]
+
+
+def _judged(
+    latest: Latest, request: CommitRequest, flow: Flow[CommitResult], probing: bool
+) -> Flow[CommitResult]:
+    """``flow``'s answer, checked against the latest committed rows (``latest``) when a
+    snapshot could explain it."""
+    result = yield from flow
+    if snapshot_may_explain(request, result):
+        result = yield from latest(request, result, probing)
+    return result
+
+
+def _all_judged(
+    latest: Latest, requests: Sequence[CommitRequest], flow: Flow[list[CommitResult]]
+) -> Flow[list[CommitResult]]:
+    results = yield from flow
+    judged = []
+    for request, result in zip(requests, results, strict=True):
+        if snapshot_may_explain(request, result):
+            result = yield from latest(request, result, False)
+        judged.append(result)
+    return judged
 
 
 class BoundBackend(FlowBackend):
@@ -52,6 +97,42 @@ class BoundBackend(FlowBackend):
     def identity_flow(self) -> Flow[object]:
         """A flow answering which database a connection reaches (comparable values)."""
         raise NotImplementedError
+
+    def latest(
+        self, request: CommitRequest, result: CommitResult, probing: bool
+    ) -> Flow[CommitResult]:
+        """A flow checking ``result``, a refusal the caller's connection answered for
+        ``request`` that a snapshot older than the latest commit could explain, against
+        the latest committed rows: the result that stands, or ``SerializationFailure``.
+        ``probing``: ``result`` is a probe's (``apply``'s first read), not a commit's.
+        This one trusts it: the backend's reads on the caller's connection see the
+        latest committed rows."""
+        return result
+        yield  # (a generator: no step)
+
+    def _scoped(self, target: Target, flow: Flow[R]) -> Flow[R]:
+        """``flow`` on the caller's connection for ``target`` (a backend may check
+        something first)."""
+        return flow
+
+    # -- the caller's transaction: reads and commits --------------------------------------
+    def columns(self, target: Target, declare: frozenset[str] | None = None) -> frozenset[str]:
+        return self._drive(self._scoped(target, self.flows.columns(target, declare)))
+
+    def read(self, target: Target, key: str | int) -> Record | None:
+        return self._drive(self._scoped(target, self.flows.read(target, key)))
+
+    def probe(self, request: CommitRequest) -> CommitResult:
+        flow = _judged(self.latest, request, self.flows.probe(request), True)
+        return self._drive(self._scoped(request.target, flow))
+
+    def commit(self, request: CommitRequest) -> CommitResult:
+        flow = _judged(self.latest, request, self.flows.commit(request), False)
+        return self._drive(self._scoped(request.target, flow))
+
+    def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitResult]:
+        flow = _all_judged(self.latest, requests, self.flows.commit_many(requests))
+        return self._drive(self._scoped(requests[0].target, flow) if requests else flow)
 
     def _drive(self, flow: Flow[R]) -> R:
         # One connection for the whole flow: asked for once (a session is flushed once).
@@ -97,7 +178,7 @@ class BoundBackend(FlowBackend):
     def close(self) -> None:
         """Nothing: the connection is the caller's to close."""
 
-    # -- on the store's own connections: leases and recorded effects -------------------
+    # -- on the store's own connections: leases and effects ---------------------------
     def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer:
         answer: LeaseAnswer = self.parent.acquire(name, owner, ttl)
         return answer
@@ -125,6 +206,14 @@ class BoundBackend(FlowBackend):
             idempotency_key, status, detail_json, reconcile
         )
         return found
+
+    def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
+        effects: list[Effect] = self.parent.settle_effects(scope, intent_id, outcome)
+        return effects
+
+    def list_effects(self, query: EffectQuery) -> list[Effect]:
+        effects: list[Effect] = self.parent.list_effects(query)
+        return effects
 
     # -- on the store itself only ------------------------------------------------------
     def _store_only(self, what: str) -> ConfigurationError:

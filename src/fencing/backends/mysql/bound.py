@@ -34,6 +34,12 @@ connection (``COM_SET_OPTION``) when its client flags do not have it.
 
 The connection must reach the store's server and database (``DATABASE()``: fencing's
 statements name their tables unqualified).
+
+A commit's checks are locking reads: they judge the latest committed rows (and the
+caller's own writes), whatever the caller's snapshot. A probe (``apply``'s first read)
+is a plain read, of the caller's snapshot under ``REPEATABLE READ``: a refusal that
+snapshot could explain is read again with the commit's locking reads (``latest``), so
+``apply`` decides on the row its commit will judge.
 """
 
 from __future__ import annotations
@@ -47,8 +53,10 @@ from typing import Any, Final
 from ..._borrow import Borrowed
 from ..._errors import FencingError, InvalidInput
 from ..._flow import Flow, Sleep, adrive, drive
+from ..._request import CommitRequest, CommitResult
 from .._abound import AsyncBoundBackend
 from .._bound import BoundBackend
+from .answers import judged
 from .connection import aexecute, execute
 from .errors import (
     DEADLOCK,
@@ -60,7 +68,8 @@ from .errors import (
     translate,
     translated,
 )
-from .steps import Batch, Result, framed, one, unframed
+from .steps import Batch, Result, Script, framed, one, unframed
+from .templates import add_judge_reads
 
 __all__ = ["AsyncMySQLBoundBackend", "MySQLBoundBackend", "bind", "bind_async"]
 
@@ -107,6 +116,18 @@ def _identity() -> Flow[object]:
     results: list[Result] = yield one("SELECT DATABASE(), @@hostname, @@port")
     database, host, port = results[0].rows[0]
     return f"the database {database!r} on the server {host}:{port}"
+
+
+def _latest(request: CommitRequest, result: CommitResult, probing: bool) -> Flow[CommitResult]:
+    """MySQL's ``latest``: a commit's refusal stands (its checks were locking reads); a
+    probe's is judged again on the commit's locking reads, in the caller's transaction
+    (the locks are held until it ends, as a commit's would be)."""
+    if not probing:
+        return result
+    script = Script()
+    at = add_judge_reads(script, request, lock=True)
+    results: list[Result] = yield script.batch()
+    return judged(results, at, request)
 
 
 class _On:
@@ -200,6 +221,11 @@ class MySQLBoundBackend(BoundBackend):
     def identity_flow(self) -> Flow[object]:
         return _identity()
 
+    def latest(
+        self, request: CommitRequest, result: CommitResult, probing: bool
+    ) -> Flow[CommitResult]:
+        return _latest(request, result, probing)
+
     def _drive(self, flow: Flow[Any]) -> Any:
         conn = self.borrowed.connection()
         if not self._seen(conn):
@@ -290,6 +316,11 @@ class AsyncMySQLBoundBackend(AsyncBoundBackend):
 
     def identity_flow(self) -> Flow[object]:
         return _identity()
+
+    def latest(
+        self, request: CommitRequest, result: CommitResult, probing: bool
+    ) -> Flow[CommitResult]:
+        return _latest(request, result, probing)
 
     async def _drive(self, flow: Flow[Any]) -> Any:
         conn = await self.borrowed.aconnection()

@@ -28,7 +28,7 @@ flows, their steps run inside the caller's transaction (``docs/transactions.md``
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import lru_cache
@@ -44,14 +44,16 @@ from ..._errors import (
     ConfigurationError,
     FencingError,
     InvalidInput,
+    SerializationFailure,
     StoreError,
-    TransientStoreError,
 )
 from ..._flow import Flow
-from ..._request import CommitRequest, Target
+from ..._request import CommitRequest, CommitResult, Target
 from .._abound import AsyncBoundBackend
 from .._bound import BoundBackend
 from .errors import translate
+from .snapshot import Ours
+from .snapshot import latest as _latest
 from .statements import NOW, quoted
 from .statements import qualified as _qualified
 from .steps import Answer, Pipeline, Query, Step, answer, has_rows
@@ -139,7 +141,7 @@ def _failed(exc: Exception, why: str | None) -> FencingError:
     ``why``: what became of the caller's transaction, if it is not as it was."""
     error = translate(exc)
     if getattr(exc, "sqlstate", None) == "40001":
-        error = TransientStoreError(
+        error = SerializationFailure(
             f"{error}: your transaction's snapshot cannot see the row's newest version;"
             " roll your transaction back and run it again"
         )
@@ -260,27 +262,16 @@ def _misresolved(name: str, theirs: tuple[Any, ...], ours: tuple[Any, ...]) -> C
 
 class _Tables:
     """What both bound backends share: a user table's operations first check (once per
-    connection) that its name resolves as on the store's own connections. A method
-    answers what ``_drive`` does: the value (sync) or its awaitable (async)."""
+    connection) that its name resolves as on the store's own connections; a refusal a
+    snapshot could explain is checked against the latest committed rows (``snapshot``)."""
 
-    flows: Any
-    _drive: Callable[[Flow[Any]], Any]  # the bound backend's (a mixin defines none)
+    def _scoped(self, target: Target, flow: Flow[R]) -> Flow[R]:
+        return _resolving(target, flow)
 
-    def columns(self, target: Target, declare: frozenset[str] | None = None) -> Any:
-        return self._drive(_resolving(target, self.flows.columns(target, declare)))
-
-    def read(self, target: Target, key: str | int) -> Any:
-        return self._drive(_resolving(target, self.flows.read(target, key)))
-
-    def probe(self, request: CommitRequest) -> Any:
-        return self._drive(_resolving(request.target, self.flows.probe(request)))
-
-    def commit(self, request: CommitRequest) -> Any:
-        return self._drive(_resolving(request.target, self.flows.commit(request)))
-
-    def commit_many(self, requests: Sequence[CommitRequest]) -> Any:
-        flow = self.flows.commit_many(requests)
-        return self._drive(_resolving(requests[0].target, flow) if requests else flow)
+    def latest(
+        self, request: CommitRequest, result: CommitResult, probing: bool
+    ) -> Flow[CommitResult]:
+        return _latest(request, result)
 
 
 def _resolved_on(parent: Any, conn: Any) -> set[str]:
@@ -431,7 +422,9 @@ class PostgresBoundBackend(_Tables, BoundBackend):
     def identity_flow(self) -> Flow[object]:
         return _identity(self.parent.schema)
 
-    def _step(self, conn: Any, step: Step | _Resolve) -> Any:
+    def _step(self, conn: Any, step: Step | _Resolve | Ours) -> Any:
+        if isinstance(step, Ours):
+            return self.parent._drive(step.flow)
         if isinstance(step, _Resolve):
             known = _resolved_on(self.parent, conn)
             if step.name not in known:
@@ -541,7 +534,9 @@ class AsyncPostgresBoundBackend(_Tables, AsyncBoundBackend):
     def identity_flow(self) -> Flow[object]:
         return _identity(self.parent.schema)
 
-    async def _step(self, conn: Any, step: Step | _Resolve) -> Any:
+    async def _step(self, conn: Any, step: Step | _Resolve | Ours) -> Any:
+        if isinstance(step, Ours):
+            return await self.parent._drive(step.flow)
         if isinstance(step, _Resolve):
             known = _resolved_on(self.parent, conn)
             if step.name not in known:

@@ -28,19 +28,24 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..._borrow import Borrowed
-from ..._effects import Effect, NewEffect
+from ..._effects import Effect, EffectQuery, NewEffect
 from ..._errors import ConfigurationError, InvalidInput, StoreError
 from ..._flow import Flow
-from ..._request import LeaseAnswer
-from .._abound import AsyncBoundBackend
+from ..._request import CommitRequest, CommitResult, LeaseAnswer
+from .._abound import AsyncBoundBackend, snapshot_too_old
 from .._contract import ThreadedAsyncBackend
 from .bound import (
+    Latest,
     behind_your_lock,
     holds_write_lock,
     identity,
+    latest_flow,
     memory_refused,
     might_write,
+    reads_a_snapshot,
     run_step,
+    same_answer,
+    upcoming,
     write_lock_free,
 )
 from .driver import SQLiteBackend
@@ -71,6 +76,9 @@ class AsyncSQLiteBackend(ThreadedAsyncBackend):
 
     async def _drive(self, flow: Flow[R]) -> R:
         return await self._call(self.sync._drive, flow)
+
+    async def settle_later(self, scope: str, intent_id: str, outcome: str) -> None:
+        self.sync.settle_later(scope, intent_id, outcome)  # (a queue: it never waits)
 
     def bind(self, borrowed: Borrowed) -> AsyncSQLiteBoundBackend:
         """This store's flows on the caller's ``aiosqlite`` connection (``store.using``)."""
@@ -159,7 +167,14 @@ class AsyncSQLiteBoundBackend(AsyncBoundBackend):
             raise memory_refused()
         await super()._check(conn)
 
-    async def _step(self, conn: Any, step: Txn) -> Any:
+    def latest(
+        self, request: CommitRequest, result: CommitResult, probing: bool
+    ) -> Flow[CommitResult]:
+        return latest_flow(request, result)
+
+    async def _step(self, conn: Any, step: Txn | Latest) -> Any:
+        if isinstance(step, Latest):
+            return await self._judge_latest(conn, step)
         if not step.begin:  # one statement, no transaction: nothing to roll back
             return await on_its_thread(conn, lambda raw: run_step(raw, step))
         gate = _Gate()
@@ -171,6 +186,16 @@ class AsyncSQLiteBoundBackend(AsyncBoundBackend):
             raise
         except _Cancelled:  # (its cancellation was taken back meanwhile: still undone)
             raise asyncio.CancelledError from None
+
+    async def _judge_latest(self, conn: Any, step: Latest) -> CommitResult:
+        """As the sync view's: the refusal, if the caller's transaction reads the latest
+        rows or the store's own reading agrees; else ``SerializationFailure``."""
+        path = self.parent.path
+        if not await on_its_thread(conn, lambda raw: reads_a_snapshot(raw, path)):
+            return step.result
+        if same_answer(step.result, await self.parent.probe(step.request)):
+            return step.result
+        raise snapshot_too_old("sqlite", step.request)
 
     # -- leases and recorded effects: on the store's own connection ---------------------
     async def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer:
@@ -195,17 +220,38 @@ class AsyncSQLiteBoundBackend(AsyncBoundBackend):
         await self._not_behind_your_lock()
         return await super().mark_effect(idempotency_key, status, detail_json, reconcile)
 
+    async def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
+        if not await self._behind_your_lock():
+            return await super().settle_effects(scope, intent_id, outcome)
+        # read where the latest rows are (a write transaction's); written later
+        found: list[Effect] = await self._drive(upcoming(scope, intent_id, outcome))
+        await self.parent.settle_later(scope, intent_id, outcome)
+        return found
+
+    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+        if await self._behind_your_lock():  # (the store's connection may be waiting for it)
+            found: list[Effect] = await self._drive(self.flows.list_effects(query))
+            return found
+        return await super().list_effects(query)
+
     async def _not_behind_your_lock(self) -> None:
         """As the sync view's: refused at once if the caller's transaction holds the
         write lock the store's connection would wait for (not from a lease's heartbeat
         task, which may wait: the caller's task goes on and commits meanwhile)."""
+        if await self._behind_your_lock():
+            raise behind_your_lock()
+
+    async def _behind_your_lock(self) -> bool:
         task = asyncio.current_task()
         if task is not None and task.get_name().startswith("fencing-heartbeat-"):
-            return
-        if not might_write(self.borrowed.source):
-            return
-        if self.parent.memory or await asyncio.to_thread(write_lock_free, self.parent.path):
-            return
+            return False
+        if not might_write(self.borrowed.source) or self.parent.memory:
+            return False
+        # On the connection's own thread, never in a worker of the event loop's: those
+        # may all be taken by calls waiting for the write lock this transaction holds.
         conn = await self.borrowed.aconnection()
-        if await on_its_thread(conn, holds_write_lock):
-            raise behind_your_lock()
+        path = self.parent.path
+        held: bool = await on_its_thread(
+            conn, lambda raw: not write_lock_free(path) and holds_write_lock(raw)
+        )
+        return held

@@ -17,36 +17,65 @@ A ``Txn`` step's body runs inside the caller's transaction:
 
 The connection must reach the store's database file (``PRAGMA database_list``): a
 store on ``:memory:`` has no other connection, so it is never one.
+
+A read transaction of the caller's (a ``BEGIN`` of its own, then a read) keeps the
+snapshot of its first read until it writes. A write in it then fails at once if another
+connection committed since (``SQLITE_BUSY_SNAPSHOT``: ``SerializationFailure``), but a
+refusal judged on a read alone (a probe, a collection's guard) would show the
+snapshot's row: such a refusal (``latest``) is compared with the store's own reading of
+the latest committed rows; if they differ and the caller's transaction holds no write
+lock (so none of its own writes explains the difference), ``SerializationFailure``.
+
+A refused commit's effects are settled on the store's own connection; when the caller's
+transaction holds the write lock (it wrote, or the refused commit's claim did), that
+would wait for the caller's commit on the caller's own thread: they are settled as soon
+as the lock is free (``later``), and the view answers with them as they will be.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 from ..._borrow import Borrowed
-from ..._effects import Effect, NewEffect
-from ..._errors import ConfigurationError, InvalidInput
+from ..._effects import Effect, EffectQuery, NewEffect
+from ..._errors import ConfigurationError, InvalidInput, SerializationFailure
 from ..._flow import Flow
-from ..._request import LeaseAnswer
+from ..._request import CommitRequest, CommitResult, LeaseAnswer
+from ..._values import Record
+from .._abound import snapshot_too_old
 from .._bound import BoundBackend
+from . import operations as op
+from . import statements as sql
 from .errors import translate
 from .flows import Txn
+from .steps import txn
 
 __all__ = [
+    "Latest",
     "SQLiteBoundBackend",
     "behind_your_lock",
     "bind",
     "holds_write_lock",
     "identity",
+    "latest_flow",
     "memory_refused",
     "might_write",
+    "reads_a_snapshot",
     "run_step",
+    "same_answer",
+    "upcoming",
     "write_lock_free",
 ]
+
+
+#: A read transaction that tries to write after another connection committed (WAL).
+_BUSY_SNAPSHOT: Final = 517
 
 
 def bind(parent: Any, borrowed: Borrowed) -> SQLiteBoundBackend:
@@ -70,6 +99,51 @@ def identity() -> Flow[object]:
     return f"the database file {path!r}" if path else "a private in-memory database"
 
 
+@dataclass(frozen=True, slots=True)
+class Latest:
+    """A step: ``result``, a refusal the caller's connection answered for ``request``
+    that a snapshot could explain, checked against the store's own reading of the latest
+    committed rows (``_abound``'s ``latest``)."""
+
+    request: CommitRequest
+    result: CommitResult
+
+
+def latest_flow(request: CommitRequest, result: CommitResult) -> Flow[CommitResult]:
+    checked: CommitResult = yield Latest(request, result)
+    return checked
+
+
+def _row(record: Record | None) -> tuple[Any, ...] | None:
+    if record is None:
+        return None
+    state = dict(record.state) if record.kind == "table" and not record.version else None
+    return record.version, record.fence, state
+
+
+def upcoming(scope: str, intent_id: str, outcome: str) -> Flow[list[Effect]]:
+    """A flow reading the intent's effects as a settlement will leave them (``later``)."""
+    found: list[Effect] = yield from txn(
+        lambda conn, now: op.effects(conn, sql.EFFECT_WHERE["intent"], (scope, intent_id, -1)),
+        write=False,
+    )
+    return [e if e.outcome is not None else dataclasses.replace(e, outcome=outcome) for e in found]
+
+
+def reads_a_snapshot(conn: sqlite3.Connection, path: str) -> bool:
+    """Whether the caller's connection is in a transaction that reads a snapshot (of its
+    first read), which may be older than the latest commit: one that holds no write lock
+    (one that holds it reads the latest rows, its own writes on top)."""
+    return conn.in_transaction and (write_lock_free(path) or not holds_write_lock(conn))
+
+
+def same_answer(theirs: CommitResult, ours: CommitResult) -> bool:
+    """Whether the caller's answer and the store's own agree: the same status on the
+    same row (present or not, its version and fence; a table's state when it has no
+    version column)."""
+    return theirs.status is ours.status and _row(theirs.record) == _row(ours.record)
+
+
 class SQLiteBoundBackend(BoundBackend):
     """The SQLite flows on the caller's ``sqlite3`` connection, inside its transaction."""
 
@@ -85,8 +159,26 @@ class SQLiteBoundBackend(BoundBackend):
             raise memory_refused()
         super()._check(conn)
 
-    def _step(self, conn: sqlite3.Connection, step: Txn) -> Any:
+    def latest(
+        self, request: CommitRequest, result: CommitResult, probing: bool
+    ) -> Flow[CommitResult]:
+        return latest_flow(request, result)
+
+    def _step(self, conn: sqlite3.Connection, step: Txn | Latest) -> Any:
+        if isinstance(step, Latest):
+            return self._judge_latest(conn, step)
         return run_step(conn, step)
+
+    def _judge_latest(self, conn: sqlite3.Connection, step: Latest) -> CommitResult:
+        """The refusal, if the caller's transaction reads the latest rows (none of its own,
+        or it holds the write lock) or the store's own reading agrees; else
+        ``SerializationFailure``. (The store's connection is asked only by a transaction
+        that holds no write lock: the store's may be waiting for one.)"""
+        if not reads_a_snapshot(conn, self.parent.path):
+            return step.result
+        if same_answer(step.result, self.parent.probe(step.request)):
+            return step.result
+        raise snapshot_too_old("sqlite", step.request)
 
     # -- leases and recorded effects: on the store's own connection ---------------------
     def acquire(self, name: str, owner: str, ttl: float) -> LeaseAnswer:
@@ -111,17 +203,34 @@ class SQLiteBoundBackend(BoundBackend):
         self._not_behind_your_lock()
         return super().mark_effect(idempotency_key, status, detail_json, reconcile)
 
+    def settle_effects(self, scope: str, intent_id: str, outcome: str) -> list[Effect]:
+        if not self._behind_your_lock():
+            return super().settle_effects(scope, intent_id, outcome)
+        # read where the latest rows are (a write transaction's); written later
+        found = self._drive(upcoming(scope, intent_id, outcome))
+        self.parent.settle_later(scope, intent_id, outcome)
+        return found
+
+    def list_effects(self, query: EffectQuery) -> list[Effect]:
+        if self._behind_your_lock():  # (the store's connection may be waiting for it)
+            found: list[Effect] = self._drive(self.flows.list_effects(query))
+            return found
+        return super().list_effects(query)
+
     def _not_behind_your_lock(self) -> None:
         """Refuse, at once, a write on the store's own connection that would wait for
         SQLite's write lock held by the caller's transaction on this very thread (it
         would wait ``busy_timeout``, then fail: the caller cannot commit meanwhile).
         From another thread (a lease's heartbeat) the wait is an ordinary one."""
-        if threading.get_ident() != self._thread or not might_write(self.borrowed.source):
-            return
-        if self.parent.memory or write_lock_free(self.parent.path):
-            return
-        if holds_write_lock(self.borrowed.connection()):
+        if self._behind_your_lock():
             raise behind_your_lock()
+
+    def _behind_your_lock(self) -> bool:
+        if threading.get_ident() != self._thread or not might_write(self.borrowed.source):
+            return False
+        if self.parent.memory or write_lock_free(self.parent.path):
+            return False
+        return holds_write_lock(self.borrowed.connection())
 
 
 def might_write(source: object) -> bool:
@@ -199,6 +308,11 @@ def run_step(conn: sqlite3.Connection, step: Txn) -> Any:
         alone = conn.isolation_level is None or not step.write
         return _in_new_transaction(conn, step, commit=alone)
     except sqlite3.Error as exc:
+        if getattr(exc, "sqlite_errorcode", None) == _BUSY_SNAPSHOT:
+            raise SerializationFailure(
+                f"sqlite: {exc}: your transaction's snapshot (of its first read) is older"
+                " than the latest commit, so it cannot write: roll it back and run it again"
+            ) from exc
         raise translate(exc) from exc
 
 

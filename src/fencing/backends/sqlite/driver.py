@@ -2,7 +2,9 @@
 hand over without SQLite's sleeping busy handler); other processes on the same file wait
 on ``busy_timeout``. It carries out ``Txn`` steps: begin, run the body, commit; whatever
 interrupts a body, and wherever, the transaction is rolled back before the lock is
-released, or at the latest by the next call."""
+released, or at the latest by the next call. Effects a view could not settle at once
+(the caller's transaction holds the write lock) are settled by ``later.Settler``, on a
+connection of its own, as soon as the lock is free."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from .._base import FlowBackend
 from .bound import SQLiteBoundBackend, bind
 from .errors import translate
 from .flows import SQLiteFlows, Txn
+from .later import Settler
 from .schema import SCHEMA_VERSION
 from .settings import Settings
 
@@ -36,6 +39,7 @@ class SQLiteBackend(FlowBackend):
         self.flows = SQLiteFlows()
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = self._connect()
+        self._settler = Settler(self._connect, self.flows, settings.busy_timeout)
         self._pid = os.getpid()
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_after_fork(ref))
@@ -116,11 +120,18 @@ class SQLiteBackend(FlowBackend):
             raise
         return conn
 
+    def settle_later(self, scope: str, intent_id: str, outcome: str) -> None:
+        """Settle the intent's effects as soon as SQLite's write lock is free (for a view
+        whose caller's transaction holds it: ``later``). Never waits for this store's
+        lock: the caller may hold the write lock a call holding it waits for."""
+        self._settler.put(scope, intent_id, outcome)
+
     def bind(self, borrowed: Borrowed) -> SQLiteBoundBackend:
         """This store's flows on the caller's ``sqlite3`` connection (``store.using``)."""
         return bind(self, borrowed)
 
     def close(self) -> None:
+        self._settler.close()  # (its own connection: waited for without the lock)
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -149,5 +160,7 @@ def _forget_after_fork(ref: weakref.ReferenceType[SQLiteBackend]) -> None:
     backend = ref()
     if backend is not None and backend._pid != os.getpid():
         backend._conn = None
+        # (the parent's queue is the parent's to write)
+        backend._settler = Settler(backend._connect, backend.flows, backend.settings.busy_timeout)
         backend._lock = threading.RLock()
         backend._pid = os.getpid()
