@@ -433,6 +433,12 @@ def test_fenced_commit_expired(store: Any) -> None:
     assert orders.get("o-1").state["by"] is None
 
 
+# A lease that apply takes again must last long enough for the commit that follows on a
+# loaded machine (a stall past it is a retake more, at most MAX_RETAKES); the tests that
+# only need a lease to lapse keep 0.2 s.
+LEASE_TTL = 0.6
+
+
 def _outlive(lease: Any) -> None:
     """Pause past the lease's TTL (a GC pause, a frozen VM), by the store's clock too."""
     import time
@@ -446,7 +452,7 @@ def test_apply_takes_an_expired_lease_again_and_commits(store: Any) -> None:
     orders = store.collection("orders")
     orders.create("o-1", {"status": "paid"})
     intent = orders.intent("o-1", "ship")
-    with store.lease("orders/o-1", owner="w", ttl=0.2) as lease:
+    with store.lease("orders/o-1", owner="w", ttl=LEASE_TTL) as lease:
         first = lease.token
 
         def decide(r: fencing.Record) -> dict[str, Any]:
@@ -465,7 +471,7 @@ def test_apply_retakes_a_lease_that_ran_out_before_it_started(store: Any) -> Non
     orders = store.collection("orders")
     orders.create("o-1", {"status": "paid"})
     intent = orders.intent("o-1", "ship")
-    lease = store.acquire("orders/o-1", owner="w", ttl=0.2)
+    lease = store.acquire("orders/o-1", owner="w", ttl=LEASE_TTL)
     _outlive(lease)
     decided: list[int] = []
 
@@ -504,7 +510,7 @@ def test_apply_under_an_expired_lease_on_a_record_that_moved_is_stale(store: Any
     orders.create("o-1", {"n": 0})
     for policy, want in ((fencing.Drop(), Stale), (Recompute(attempts=3, backoff=0), None)):
         intent = orders.intent("o-1", "bump")
-        lease = store.acquire("orders/o-1", owner="w", ttl=0.2)
+        lease = store.acquire("orders/o-1", owner="w", ttl=LEASE_TTL)
         moved = iter([True])
 
         def decide(r: fencing.Record, moved: Any = moved, lease: Any = lease) -> dict[str, Any]:
