@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 import fencing
 from fencing import OutboxMessage
 
+from ._backends import CASES
 from ._lenders import LENDERS
 from .test_outbox import TASK, _records
 
@@ -195,6 +197,36 @@ def test_a_listener_hears_a_row_only_when_its_transaction_commits(
     finally:
         waker.close()
         other.close()
+
+
+@pytest.mark.backends(only=lambda name: name == "postgresql")
+def test_a_listener_hears_its_own_stores_rows_not_another_schemas(
+    store: Any, tmp_path: Path
+) -> None:
+    """Stores in two schemas of one database share the channel, not their wake-ups."""
+    case = CASES["postgresql"]
+    url = case.url(tmp_path)
+    neighbour = fencing.open(url)
+    try:
+        neighbour.migrate()
+        (a,) = _records(store, "a")
+        (b,) = _records(neighbour, "b")
+        waker = store.backend.outbox_waiter(kind="celery")
+        anyone = store.backend.outbox_waiter()
+        try:
+            waker.listen()
+            anyone.listen()
+            neighbour.outbox.send(TASK, b, "ship")
+            assert waker.wait(0.3) is False and anyone.wait(0.05) is False
+            store.outbox.send(TASK, a, "ship")
+            assert waker.wait(30) is True and anyone.wait(30) is True
+        finally:
+            waker.close()
+            anyone.close()
+    finally:
+        neighbour.close()
+        assert case.cleanup is not None
+        case.cleanup(url)
 
 
 @pytest.mark.backends(only=lambda name: name == "postgresql")

@@ -144,7 +144,10 @@ class PostgresBackend(_Postgres, FlowBackend):
         """A relay's waker: a dedicated connection that ``LISTEN``s for committed outbox
         rows (of queue ``kind``, or any), ``listen.PostgresWaker``."""
         return PostgresWaker(
-            self.settings.conninfo, kind=kind, connect_kwargs=dict(self.settings.connect_kwargs)
+            self.settings.conninfo,
+            kind=kind,
+            schema=self.settings.schema,
+            connect_kwargs=dict(self.settings.connect_kwargs),
         )
 
     def bind(self, borrowed: Borrowed) -> bound.PostgresBoundBackend:
@@ -243,7 +246,10 @@ class AsyncPostgresBackend(_Postgres, AsyncFlowBackend):
     def outbox_waiter(self, kind: str | None = None) -> AsyncPostgresWaker:
         """A relay's waker on the event loop (``listen.AsyncPostgresWaker``)."""
         return AsyncPostgresWaker(
-            self.settings.conninfo, kind=kind, connect_kwargs=dict(self.settings.connect_kwargs)
+            self.settings.conninfo,
+            kind=kind,
+            schema=self.settings.schema,
+            connect_kwargs=dict(self.settings.connect_kwargs),
         )
 
     def bind(self, borrowed: Borrowed) -> bound.AsyncPostgresBoundBackend:

@@ -16,8 +16,9 @@ polling interval:
   True once (the relay claims once, as a poll would), then sleeps its timeout, so a
   server that is down is polled, never spun on.
 
-The channel is the database's, not the schema's: stores in two schemas of one database
-wake each other's relays (a relay that wakes for nothing claims nothing).
+The channel is the database's; a notification's payload names the store's schema and
+the queue kind (``outbox.wake_prefix``), so a relay is woken by its own store's rows
+only, not by a store in another schema of the same database.
 """
 
 from __future__ import annotations
@@ -32,20 +33,22 @@ from typing import Any, Final
 
 import psycopg
 
-from .outbox import CHANNEL
+from .outbox import CHANNEL, wake_prefix
 
 __all__ = ["AsyncPostgresWaker", "PostgresWaker"]
 
 _LISTEN: Final = f"LISTEN {CHANNEL}"
 
 
-def _drain(conn: Any, kind: str | None) -> bool:
-    """Read what the server sent; whether a notification for ``kind`` was in it."""
+def _drain(conn: Any, prefix: str, kind: str | None) -> bool:
+    """Read what the server sent; whether a notification for ``kind`` (any kind when
+    None) of the store whose payloads start with ``prefix`` was in it."""
     pgconn = conn.pgconn
     pgconn.consume_input()
     found = False
     while (note := pgconn.notifies()) is not None:
-        if kind is None or note.extra.decode(errors="replace") == kind:
+        payload = note.extra.decode(errors="replace")
+        if payload.startswith(prefix) and (kind is None or payload[len(prefix) :] == kind):
             found = True
     return found
 
@@ -58,10 +61,13 @@ class PostgresWaker:
         conninfo: str,
         *,
         kind: str | None = None,
+        schema: str | None = None,
         connect_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.conninfo = conninfo
         self.kind = kind
+        self.schema = schema
+        self._prefix = wake_prefix(schema)
         self._kwargs = dict(connect_kwargs or {})
         self._conn: psycopg.Connection[Any] | None = None
         self._lost = False
@@ -72,7 +78,7 @@ class PostgresWaker:
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"<PostgresWaker channel={CHANNEL} kind={self.kind}>"
+        return f"<PostgresWaker channel={CHANNEL} schema={self.schema} kind={self.kind}>"
 
     def _connection(self) -> psycopg.Connection[Any] | None:
         if self._conn is None or self._conn.closed:
@@ -114,12 +120,14 @@ class PostgresWaker:
                 return self._woken()
             self._lost = False
             try:
-                if _drain(conn, self.kind) or self._woken():
+                if _drain(conn, self._prefix, self.kind) or self._woken():
                     return True
                 deadline = time.monotonic() + max(0.0, timeout)
                 while (left := deadline - time.monotonic()) > 0:
                     ready, _, _ = select.select([conn.fileno(), self._r], [], [], left)
-                    if self._woken() or (conn.fileno() in ready and _drain(conn, self.kind)):
+                    if self._woken() or (
+                        conn.fileno() in ready and _drain(conn, self._prefix, self.kind)
+                    ):
                         return True  # (a notification of another kind waits on)
                 return False
             except (psycopg.Error, OSError, ValueError):
@@ -148,10 +156,13 @@ class AsyncPostgresWaker:
         conninfo: str,
         *,
         kind: str | None = None,
+        schema: str | None = None,
         connect_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.conninfo = conninfo
         self.kind = kind
+        self.schema = schema
+        self._prefix = wake_prefix(schema)
         self._kwargs = dict(connect_kwargs or {})
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._event = asyncio.Event()
@@ -160,7 +171,7 @@ class AsyncPostgresWaker:
         self._lost = False
 
     def __repr__(self) -> str:
-        return f"<AsyncPostgresWaker channel={CHANNEL} kind={self.kind}>"
+        return f"<AsyncPostgresWaker channel={CHANNEL} schema={self.schema} kind={self.kind}>"
 
     async def _connection(self) -> psycopg.AsyncConnection[Any] | None:
         if self._conn is None or self._conn.closed:
@@ -217,7 +228,7 @@ class AsyncPostgresWaker:
             deadline = loop.time() + max(0.0, timeout)
             while True:
                 self._readable.clear()
-                if _drain(conn, self.kind) or self._event.is_set():
+                if _drain(conn, self._prefix, self.kind) or self._event.is_set():
                     self._event.clear()
                     return True
                 left = deadline - loop.time()

@@ -31,10 +31,18 @@ from ..._outbox import (
 from .statements import NOW, quoted
 from .steps import Answer, Query, read_only
 
-__all__ = ["CHANNEL", "PostgresOutboxFlows"]
+__all__ = ["CHANNEL", "PostgresOutboxFlows", "wake_prefix"]
 
-#: The channel ``outbox_add`` notifies (payload: the queue kind) when its row commits.
+#: The channel ``outbox_add`` notifies when its row commits; the payload is
+#: ``wake_prefix(schema) + kind``, so a relay hears its own store's rows only.
 CHANNEL: Final = "fencing_outbox"
+
+
+def wake_prefix(schema: str | None) -> str:
+    """What a notification's payload starts with for a store in ``schema``."""
+    return f"{schema or ''}:"
+
+
 _COLUMNS: Final = ", ".join(OUTBOX_COLUMNS)
 _OF_R: Final = ", ".join(f"r.{c}" for c in OUTBOX_COLUMNS)
 _OF_O: Final = ", ".join(f"o.{c}" for c in OUTBOX_COLUMNS)
@@ -43,7 +51,7 @@ ADD: Final = (
     "WITH r AS (INSERT INTO fencing_outbox (kind, task, queue, payload, options, okey,"
     f" created_at) VALUES (%(kind)s, %(task)s, %(queue)s, %(payload)s, %(options)s,"
     f" %(okey)s, {NOW}) RETURNING {_COLUMNS})"
-    f" SELECT {_OF_R}, pg_notify('{CHANNEL}', r.kind)::text FROM r"
+    f" SELECT {_OF_R}, pg_notify('{CHANNEL}', %(wake)s || r.kind)::text FROM r"
 )
 #: Candidates: unsent rows of a kind whose key no committed live claim holds, locked
 #: (skipping rows another transaction holds); ``mine``: every unsent row of their keys
@@ -117,7 +125,8 @@ RETRY: Final = (
     " dead_at = NULL FROM ok WHERE ok.ok AND o.id IN (SELECT id FROM named)"
     " RETURNING o.id, o.kind)"
     " SELECT named.id, named.dead, (SELECT count(*) FROM done),"
-    f" (SELECT count(pg_notify('{CHANNEL}', k.kind)) FROM (SELECT DISTINCT kind FROM done) k)"
+    f" (SELECT count(pg_notify('{CHANNEL}', %(wake)s || k.kind))"
+    " FROM (SELECT DISTINCT kind FROM done) k)"
     " FROM named"
 )
 DROP: Final = (
@@ -141,7 +150,8 @@ class PostgresOutboxFlows:
         return name if self.schema is None else f"{quoted(self.schema)}.{name}"
 
     def outbox_add(self, message: OutboxMessage) -> Flow[OutboxRow]:
-        params = dict(zip(STORED_COLUMNS, message.stored(), strict=True))
+        params: dict[str, object] = dict(zip(STORED_COLUMNS, message.stored(), strict=True))
+        params["wake"] = wake_prefix(self.schema)
         found: Answer = yield Query(ADD, params)
         return outbox_row(found.rows[0])
 
@@ -188,7 +198,7 @@ class PostgresOutboxFlows:
         return [outbox_row(r) for r in found.rows]
 
     def _named(self, sql: str, ids: Sequence[int], verb: str) -> Flow[int]:
-        found: Answer = yield Query(sql, {"ids": list(ids)})
+        found: Answer = yield Query(sql, {"ids": list(ids), "wake": wake_prefix(self.schema)})
         check_dead(ids, {int(i): bool(r[0]) for i, *r in found.rows}, verb)
         return int(found.rows[0][2])
 
