@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Self
 
 from ._alease import AsyncLease, AsyncLeaseContext, held
 from ._aoutbox import AsyncOutbox
@@ -81,6 +81,15 @@ class _AsyncOps(TargetBase):
         if self.target.kind == "table" and self._columns is None:
             self._set_columns(await self._backend.columns(self.target, self._declared))
             self._store._learned(self)
+
+    def using(self, connection: object) -> Self:
+        """This collection or table on ``store.using(connection)``: its reads and
+        commits run on your connection or session, inside your transaction."""
+        view = self._store.using(connection)
+        front: Self = view._front(type(self), self.target, self._declared)
+        if self._binders:
+            front._binders = self._binders
+        return front
 
     async def get(self, key: str | int) -> Record | None:
         """The record as it is now, or None."""

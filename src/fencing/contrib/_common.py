@@ -52,18 +52,28 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Final, cast
 
-from .._astore import AsyncStore
+from .._astore import AsyncLease, AsyncStore
 from .._errors import ConfigurationError, InvalidInput, InvalidIntent, LeaseExpired
 from .._outbox import OutboxMessage, OutboxRow, check_message
 from .._policy import Drop, StalePolicy, check_policy
 from .._signing import Signer
-from .._store import Store
-from .._values import Fenced, FenceReason, Intent, Outcome, Record
+from .._store import Lease, Store
+from .._values import Committed, Fenced, FenceReason, Intent, Outcome, Record
 from ._context import aeffect, current_intent, current_target, effect, running_task
 from ._options import Backoff, LeaseSpec, record_lease_name
 from ._outcomes import Action, TaskReport, classify, emit, not_abandoned
 from ._target import AsyncTarget, SyncTarget, TargetSlot, check_match
 from ._target import TargetSource as TargetSource  # the integrations' argument type
+from ._worktx import (
+    Refused,
+    Step,
+    TransactionSource,
+    check_joinable,
+    entered,
+    maybe_await,
+    opener,
+    sends,
+)
 
 __all__ = [
     "Action",
@@ -71,8 +81,10 @@ __all__ = [
     "Backoff",
     "FencedTask",
     "LeaseSpec",
+    "Step",
     "SyncTarget",
     "TaskReport",
+    "TransactionSource",
     "aeffect",
     "classify",
     "current_intent",
@@ -137,7 +149,9 @@ class FencedTask:
     ``signer`` signs payloads at enqueue and refuses unsigned or tampered ones;
     ``max_retries`` and ``backoff`` bound the retries of transient errors;
     ``retry_on`` adds exception types of ``decide`` to retry the same way;
-    ``on_outcome(report)`` is called after each run, before the queue acknowledges.
+    ``on_outcome(report)`` is called after each run, before the queue acknowledges;
+    ``transaction`` runs each delivery in a transaction of the worker's own, and
+    ``then(step)`` runs in it after a fenced commit (see ``_worktx``).
     """
 
     __slots__ = (
@@ -152,6 +166,8 @@ class FencedTask:
         "outbox_route",
         "retry_on",
         "signer",
+        "then",
+        "transaction",
     )
 
     def __init__(
@@ -167,6 +183,8 @@ class FencedTask:
         backoff: Backoff | None = None,
         retry_on: tuple[type[Exception], ...] = (),
         on_outcome: OutcomeHook | None = None,
+        transaction: TransactionSource | None = None,
+        then: Callable[[Step], Any] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("a fenced task needs a non-empty name")
@@ -198,6 +216,15 @@ class FencedTask:
         self.backoff = backoff if backoff is not None else Backoff()
         self.retry_on = retry_on
         self.on_outcome = on_outcome
+        self.transaction = None if transaction is None else opener(transaction)
+        self.then = sends(then)
+        if self.then is not None and self.transaction is None:
+            raise ConfigurationError(
+                "then runs inside the worker's transaction: give transaction= too"
+            )
+        resolved = self._target.resolved
+        if self.transaction is not None and resolved is not None:
+            check_joinable(resolved)
         #: set by the queue integration (``fenced_task``, ``fenced_job``, ...)
         self.outbox_route: OutboxRoute | None = None
 
@@ -273,19 +300,52 @@ class FencedTask:
 
     def _apply(self, target: SyncTarget, intent: Intent) -> tuple[Outcome, int | None]:
         if self.lease is None:
-            return target.apply(intent, self.decide, on_stale=self.on_stale), None
+            return self._commit(target, intent, None), None
         store: Store = target._store
         with store.acquire(**self._lease_args(intent, target)) as lease:
-            outcome = target.apply(intent, self.decide, on_stale=self.on_stale, lease=lease)
-            return outcome, lease.token
+            return self._commit(target, intent, lease), lease.token
+
+    def _commit(self, target: SyncTarget, intent: Intent, lease: Lease | None) -> Outcome:
+        if self.transaction is None:
+            return target.apply(intent, self.decide, on_stale=self.on_stale, lease=lease)
+        try:
+            with entered(self.transaction(), want_async=False) as tx:
+                bound = target.using(tx)
+                outcome = bound.apply(intent, self.decide, on_stale=self.on_stale, lease=lease)
+                if not isinstance(outcome, Committed):
+                    raise Refused(outcome)  # leaves the transaction rolled back
+                if self.then is not None:
+                    self.then(Step(intent, outcome, outcome.record, tx, bound._store, bound))
+                return outcome
+        except Refused as refused:
+            return refused.outcome
 
     async def _aapply(self, target: AsyncTarget, intent: Intent) -> tuple[Outcome, int | None]:
         if self.lease is None:
-            return await target.apply(intent, self.decide, on_stale=self.on_stale), None
+            return await self._acommit(target, intent, None), None
         store: AsyncStore = target._store
         async with await store.acquire(**self._lease_args(intent, target)) as lease:
-            outcome = await target.apply(intent, self.decide, on_stale=self.on_stale, lease=lease)
-            return outcome, lease.token
+            return await self._acommit(target, intent, lease), lease.token
+
+    async def _acommit(
+        self, target: AsyncTarget, intent: Intent, lease: AsyncLease | None
+    ) -> Outcome:
+        if self.transaction is None:
+            return await target.apply(intent, self.decide, on_stale=self.on_stale, lease=lease)
+        try:
+            async with entered(self.transaction(), want_async=True) as tx:
+                bound = target.using(tx)
+                outcome = await bound.apply(
+                    intent, self.decide, on_stale=self.on_stale, lease=lease
+                )
+                if not isinstance(outcome, Committed):
+                    raise Refused(outcome)
+                if self.then is not None:
+                    step = Step(intent, outcome, outcome.record, tx, bound._store, bound)
+                    await maybe_await(self.then(step))
+                return outcome
+        except Refused as refused:
+            return refused.outcome
 
     def run(self, payload: object, *, attempt: int = 1) -> TaskReport:
         """Decode, apply (under the lease, if any), log one record, call ``on_outcome``."""

@@ -54,8 +54,10 @@ from ._common import (
     FencedTask,
     LeaseSpec,
     OutcomeHook,
+    Step,
     TargetSource,
     TaskReport,
+    TransactionSource,
     aeffect,
     current_intent,
     current_target,
@@ -81,6 +83,7 @@ __all__ = [
     "Backoff",
     "FencedFunction",
     "LeaseSpec",
+    "Step",
     "TaskReport",
     "aeffect",
     "current_intent",
@@ -113,6 +116,8 @@ def fenced_function(
     backoff: Backoff | None = None,
     retry_on: tuple[type[Exception], ...] = (),
     on_outcome: OutcomeHook | None = None,
+    transaction: TransactionSource | None = None,
+    then: Callable[[Step], Any] | None = None,
     timeout: float | None = None,
     keep_result: float | None = None,
 ) -> Callable[[Decision], FencedFunction]:
@@ -137,6 +142,8 @@ def fenced_function(
             backoff=backoff,
             retry_on=retry_on,
             on_outcome=on_outcome,
+            transaction=transaction,
+            then=then,
         )
 
         async def job(ctx: dict[str, Any], payload: str) -> dict[str, Any]:

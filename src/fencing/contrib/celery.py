@@ -46,8 +46,10 @@ from ._common import (
     FencedTask,
     LeaseSpec,
     OutcomeHook,
+    Step,
     TargetSource,
     TaskReport,
+    TransactionSource,
     aeffect,
     current_intent,
     current_target,
@@ -72,6 +74,7 @@ __all__ = [
     "CeleryPublisher",
     "FencedCeleryTask",
     "LeaseSpec",
+    "Step",
     "TaskReport",
     "aeffect",
     "current_intent",
@@ -250,6 +253,8 @@ def fenced_task(
     backoff: Backoff | None = None,
     retry_on: tuple[type[Exception], ...] = (),
     on_outcome: OutcomeHook | None = None,
+    transaction: TransactionSource | None = None,
+    then: Callable[[Step], Any] | None = None,
     name: str | None = None,
     **celery_task_options: Any,
 ) -> Callable[[Decision], FencedCeleryTask]:
@@ -274,6 +279,8 @@ def fenced_task(
             backoff=backoff,
             retry_on=retry_on,
             on_outcome=on_outcome,
+            transaction=transaction,
+            then=then,
         )
         spec.outbox_route = _outbox_route
         run = _body(spec)

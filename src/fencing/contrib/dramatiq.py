@@ -50,8 +50,10 @@ from ._common import (
     FencedTask,
     LeaseSpec,
     OutcomeHook,
+    Step,
     TargetSource,
     TaskReport,
+    TransactionSource,
     aeffect,
     current_intent,
     current_target,
@@ -78,6 +80,7 @@ __all__ = [
     "DramatiqPublisher",
     "FencedActor",
     "LeaseSpec",
+    "Step",
     "TaskReport",
     "aeffect",
     "current_intent",
@@ -132,6 +135,8 @@ def fenced_actor(
     backoff: Backoff | None = None,
     retry_on: tuple[type[Exception], ...] = (),
     on_outcome: OutcomeHook | None = None,
+    transaction: TransactionSource | None = None,
+    then: Callable[[Step], Any] | None = None,
     **actor_options: Any,
 ) -> Callable[[Decision], FencedActor]:
     """Decorate ``decide(record) -> new state | SKIP`` into a fenced Dramatiq actor.
@@ -161,6 +166,8 @@ def fenced_actor(
             backoff=backoff,
             retry_on=retry_on,
             on_outcome=on_outcome,
+            transaction=transaction,
+            then=then,
         )
 
         def run(payload: str) -> dict[str, Any]:

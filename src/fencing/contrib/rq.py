@@ -54,8 +54,10 @@ from ._common import (
     FencedTask,
     LeaseSpec,
     OutcomeHook,
+    Step,
     TargetSource,
     TaskReport,
+    TransactionSource,
     aeffect,
     current_intent,
     current_target,
@@ -81,6 +83,7 @@ __all__ = [
     "FencedJob",
     "LeaseSpec",
     "RQPublisher",
+    "Step",
     "TaskReport",
     "aeffect",
     "current_intent",
@@ -123,6 +126,8 @@ def fenced_job(
     backoff: Backoff | None = None,
     retry_on: tuple[type[Exception], ...] = (),
     on_outcome: OutcomeHook | None = None,
+    transaction: TransactionSource | None = None,
+    then: Callable[[Step], Any] | None = None,
     name: str | None = None,
 ) -> Callable[[Decision], FencedJob]:
     """Decorate ``decide(record) -> new state | SKIP`` into a fenced RQ job function.
@@ -145,6 +150,8 @@ def fenced_job(
             backoff=backoff,
             retry_on=retry_on,
             on_outcome=on_outcome,
+            transaction=transaction,
+            then=then,
         )
 
         def job(payload: str) -> dict[str, Any] | Retry:
