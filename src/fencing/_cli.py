@@ -1,5 +1,5 @@
 """The ``fencing`` command line: demo, check, bench, reconcile, relay, outbox, migrate,
-inspect, stats; ``fencing --version``.
+prune, inspect, stats; ``fencing --version``.
 
 Each subcommand lives in its own module and is imported only when run; the
 ``cli`` extra brings rich for tables and progress bars. Every subcommand and argument
@@ -30,6 +30,39 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
             store.unguard_table(table)
             print(f"unguarded table {table}")
     return 0
+
+
+def _cmd_prune(args: argparse.Namespace) -> int:
+    import json
+
+    import fencing
+
+    with fencing.open(args.url, migrate="check") as store:
+        age = store.options.retention if args.older_than is None else args.older_than
+        forgotten = store.prune(older_than=age)
+        try:
+            sent = store.outbox.prune(older_than=age)
+        except fencing.ConfigurationError:  # a store without an outbox (memory, Redis)
+            sent = None
+    if args.json:
+        print(json.dumps({"older_than": age, "pruned": forgotten, "outbox_pruned": sent}))
+    else:
+        outbox = "" if sent is None else f", {sent} sent outbox row(s)"
+        print(
+            f"pruned {forgotten} applied intent(s) and finished effect(s){outbox}"
+            f" older than {age:g}s"
+        )
+    return 0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of seconds, not {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"a number of seconds from 0, not {text!r}")
+    return value
 
 
 def version() -> str:
@@ -72,6 +105,12 @@ def _adder(module: str) -> Callable[[argparse.ArgumentParser], None]:
 
     add: Callable[[argparse.ArgumentParser], None] = importlib.import_module(module).add_arguments
     return add
+
+
+def _url_help() -> str:
+    from ._url import URL_HELP
+
+    return URL_HELP
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     what = "create or upgrade fencing's tables in a store; install or remove guard triggers"
     p = sub.add_parser("migrate", help=what, description=what)
-    p.add_argument("url", help="store URL, e.g. sqlite:///app.db")
+    p.add_argument("url", help="store URL, e.g. sqlite:///app.db" + _url_help())
     p.add_argument(
         "--guard-table",
         action="append",
@@ -142,6 +181,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--unguard-table", action="append", metavar="TABLE", help="remove TABLE's guard trigger"
     )
     p.set_defaults(func=_cmd_migrate)
+
+    what = (
+        "forget what is past the retention: applied intent ids, finished effects, sent"
+        " outbox rows (schedule it: cron, Celery beat; docs/operations.md)"
+    )
+    p = sub.add_parser("prune", help=what, description=what)
+    p.add_argument("url", help="store URL, e.g. sqlite:///app.db" + _url_help())
+    p.add_argument(
+        "--older-than",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="seconds (default: 30 days, the store's retention). An intent redelivered"
+        " after its id was pruned is no longer told a Duplicate: keep this above your"
+        " queues' longest redelivery delay",
+    )
+    p.add_argument("--json", action="store_true", help="print the counts as JSON")
+    p.set_defaults(func=_cmd_prune)
 
     return parser
 
@@ -180,6 +237,10 @@ def _main(argv: Sequence[str] | None) -> int:
 
     func: Any = args.func
     try:
+        if isinstance(getattr(args, "url", None), str):
+            from ._url import resolve_url
+
+            args.url = resolve_url(args.url)
         return int(func(args))
     except FencingError as exc:
         print(f"fencing: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -19,6 +19,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._url import URL_HELP
+
 if TYPE_CHECKING:
     from ._request import Target
     from ._store import Store
@@ -31,7 +33,7 @@ MAX_APPLIED = 10_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db")
+    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db" + URL_HELP)
     parser.add_argument(
         "name", metavar="NAME", help="a collection, or a guarded table (see --table)"
     )

@@ -11,6 +11,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ._url import URL_HELP
+
 if TYPE_CHECKING:
     from ._store import Store
 
@@ -18,7 +20,7 @@ __all__ = ["add_arguments", "run", "stats"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db")
+    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db" + URL_HELP)
     parser.add_argument(
         "--json", action="store_true", help="print JSON even on a terminal (always parseable)"
     )

@@ -17,6 +17,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from ._url import URL_HELP
+
 if TYPE_CHECKING:
     from ._effects import Effect
 
@@ -24,7 +26,7 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db")
+    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db" + URL_HELP)
     parser.add_argument(
         "--mark",
         action="append",

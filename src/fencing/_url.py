@@ -3,6 +3,7 @@ and ``redact_url``. Below the backends, which each take a ``StoreURL``."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Final
@@ -10,7 +11,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from ._errors import ConfigurationError
 
-__all__ = ["BACKENDS", "DRIVERS", "StoreURL", "redact_url"]
+__all__ = ["BACKENDS", "DRIVERS", "URL_HELP", "StoreURL", "redact_url", "resolve_url"]
 
 # scheme -> (module, extra to install)
 BACKENDS: Final = {
@@ -159,3 +160,32 @@ def _options(query: str) -> dict[str, str]:
     # outside the handler: the parser's message would quote the query (secrets too)
     shown = _SECRET_PARAM.sub(r"\1***", "?" + query)
     raise ConfigurationError(f"store URL query {shown!r} is malformed")
+
+
+#: What every ``URL`` argument's help ends with.
+URL_HELP = (
+    "; env:NAME or file:PATH reads it from an environment variable or a file, so a"
+    " password stays out of the process list"
+)
+
+
+def resolve_url(given: str) -> str:
+    """A store URL argument as given, or read from ``env:NAME`` / ``file:PATH``."""
+    scheme, sep, rest = given.partition(":")
+    if not sep or scheme not in ("env", "file"):
+        return given
+    if not rest:
+        raise ConfigurationError(f"{scheme}: needs a name after it, e.g. {scheme}:FENCING_URL")
+    if scheme == "env":
+        found = os.environ.get(rest)
+        if not found or not found.strip():
+            raise ConfigurationError(f"the environment variable {rest} (env:{rest}) is not set")
+        return found.strip()
+    try:
+        with open(rest, encoding="utf-8") as fh:
+            text = fh.read().strip()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the store URL from {rest}: {exc.strerror}") from None
+    if not text or "\n" in text:
+        raise ConfigurationError(f"{rest} must hold one store URL on one line")
+    return text

@@ -12,12 +12,13 @@ from typing import Any
 
 from .._errors import OutboxRowError
 from .._outbox import QUEUE_KINDS, OutboxRow
+from .._url import URL_HELP
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db")
+    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db" + URL_HELP)
     parser.add_argument(
         "--kind", choices=QUEUE_KINDS, default=None, help="only rows of this queue kind"
     )

@@ -25,12 +25,15 @@ from typing import Any
 
 from .._errors import ConfigurationError
 from .._outbox import QUEUE_KINDS
+from .._url import URL_HELP
 
 __all__ = ["add_arguments", "load_app", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db (the outbox's store)")
+    parser.add_argument(
+        "url", help="store URL, e.g. sqlite:///app.db (the outbox's store)" + URL_HELP
+    )
     parser.add_argument(
         "--queue",
         required=True,
@@ -86,6 +89,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no progress line (shown on stderr with --once, and on a terminal), only the"
         " final counts",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on PORT: the relay's rows by result, the outbox's"
+        " backlog and age, dead rows (the prometheus extra)",
+    )
+    parser.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address --metrics-port listens on (127.0.0.1; 0.0.0.0 for every interface)",
     )
     parser.add_argument(
         "--log-level",
@@ -224,6 +241,63 @@ def _logging(level: str) -> None:
         log.propagate = False
 
 
+def _describe_app(app: Any) -> str:
+    """What the relay publishes with, for its start line (no secrets: no broker URL)."""
+    main = getattr(app, "main", None)  # a Celery app's name
+    kind = type(app).__name__
+    return f"{kind} {main!r}" if isinstance(main, str) and main else kind
+
+
+def _started(args: argparse.Namespace, relay: Any, waker: Any, app: Any) -> None:
+    """The start line: what it relays, from where, as whom (stderr, and the log)."""
+    import logging
+
+    from .._url import redact_url
+
+    wait = "LISTEN wake-ups" if waker is not None else f"polls every {args.poll:g}s"
+    line = (
+        f"relay {relay.name} started: {args.queue} rows of {redact_url(args.url)} through"
+        f" {_describe_app(app)}; batches of {args.batch}, claims of {args.ttl:g}s, {wait}"
+    )
+    if args.metrics_port is not None:
+        line += f"; metrics on http://{args.metrics_addr}:{args.metrics_port}/metrics"
+    if args.once:
+        line += "; --once"
+    logging.getLogger("fencing.relay").info(line)
+    if not args.quiet:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _metrics(args: argparse.Namespace) -> tuple[Any, Any]:
+    """With ``--metrics-port``: serve the metrics; the relay's counter (its on_batch)
+    and a sync store for the backlog gauges (closed by the caller)."""
+    if args.metrics_port is None:
+        return None, None
+    import fencing
+
+    from .prometheus import RelayMetrics, serve, watch
+
+    serve(args.metrics_port, args.metrics_addr)
+    gauges = fencing.open(args.url, migrate="check")
+    try:
+        watch(gauges, label=gauges.backend.scheme)
+    except BaseException:
+        gauges.close()
+        raise
+    return RelayMetrics(args.queue), gauges
+
+
+def _on_batch(progress: _Progress, counter: Any) -> Any:
+    if counter is None:
+        return progress.update
+
+    def both(counts: Any, totals: Any) -> None:
+        counter(counts, totals)
+        progress.update(counts, totals)
+
+    return both
+
+
 def _waker(store: Any, args: argparse.Namespace) -> Any:
     """The store's own wake-ups when it has them (PostgreSQL: ``LISTEN``, its
     ``backend.outbox_waiter``), for a relay that waits (not ``--once``); None: poll."""
@@ -269,37 +343,50 @@ def _relay(args: argparse.Namespace, terminate: _Terminate) -> int:
         return asyncio.run(_run_async(args, app, terminate))
     import fencing
 
-    from .relay import Relay
-
-    with fencing.open(args.url, migrate="check") as store:
-        relay = Relay(
-            store,
-            _publisher(args.queue, app),
-            name=args.name,
-            batch=args.batch,
-            poll=args.poll,
-            ttl=args.ttl,
-            retention=args.retention,
-            dead_after=args.dead_after,
-            waker=_waker(store, args),
-        )
-        progress = _progress(args, relay.backlog().pending)
-        relay.on_batch = progress.update
-        try:
-            if args.once:
-                totals = relay.run_once()
-            else:
-                terminate.attach(relay)
-                try:
-                    totals = relay.run()
-                except KeyboardInterrupt:
-                    totals = relay.counts
-        finally:
-            progress.close()
-            relay.close()
-        backlog = relay.backlog()
+    counter, gauges = _metrics(args)
+    try:
+        with fencing.open(args.url, migrate="check") as store:
+            totals, backlog = _relay_on(store, args, app, terminate, counter)
+    finally:
+        if gauges is not None:
+            gauges.close()
     print(_summary(totals, backlog), flush=True)
     return 1 if args.once and totals.failed else 0
+
+
+def _relay_on(
+    store: Any, args: argparse.Namespace, app: Any, terminate: _Terminate, counter: Any
+) -> tuple[Any, Any]:
+    from .relay import Relay
+
+    waker = _waker(store, args)
+    relay = Relay(
+        store,
+        _publisher(args.queue, app),
+        name=args.name,
+        batch=args.batch,
+        poll=args.poll,
+        ttl=args.ttl,
+        retention=args.retention,
+        dead_after=args.dead_after,
+        waker=waker,
+    )
+    _started(args, relay, waker, app)
+    progress = _progress(args, relay.backlog().pending)
+    relay.on_batch = _on_batch(progress, counter)
+    try:
+        if args.once:
+            totals = relay.run_once()
+        else:
+            terminate.attach(relay)
+            try:
+                totals = relay.run()
+            except KeyboardInterrupt:
+                totals = relay.counts
+    finally:
+        progress.close()
+        relay.close()
+    return totals, relay.backlog()
 
 
 async def _arq_publisher(app: Any) -> Any:
@@ -318,7 +405,10 @@ async def _run_async(args: argparse.Namespace, app: Any, terminate: _Terminate) 
     from .relay import AsyncRelay
 
     store = await fencing.open_async(args.url, migrate="check")
+    gauges = None
     try:
+        counter, gauges = _metrics(args)
+        waker = _waker(store, args)
         relay = AsyncRelay(
             store,
             await _arq_publisher(app),
@@ -328,10 +418,11 @@ async def _run_async(args: argparse.Namespace, app: Any, terminate: _Terminate) 
             ttl=args.ttl,
             retention=args.retention,
             dead_after=args.dead_after,
-            waker=_waker(store, args),
+            waker=waker,
         )
+        _started(args, relay, waker, app)
         progress = _progress(args, (await relay.backlog()).pending)
-        relay.on_batch = progress.update
+        relay.on_batch = _on_batch(progress, counter)
         try:
             if args.once:
                 totals = await relay.run_once()
@@ -347,6 +438,8 @@ async def _run_async(args: argparse.Namespace, app: Any, terminate: _Terminate) 
             await relay.close()
         backlog = await relay.backlog()
     finally:
+        if gauges is not None:
+            gauges.close()
         await store.close()
     print(_summary(totals, backlog), flush=True)
     return 1 if args.once and totals.failed else 0

@@ -35,6 +35,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the e
 
 __all__ = [
     "Metrics",
+    "RelayMetrics",
     "arq_startup",
     "celery_metrics",
     "disable",
@@ -220,6 +221,31 @@ def watch(
         raise InvalidInput(f"limit must be an integer from 1 to 1000000, not {limit!r}")
     registry = REGISTRY if registry is None else registry
     registry.register(_StoreGauges(store, label or store.backend.scheme, limit))
+
+
+class RelayMetrics:
+    """A relay's counters, fed by its ``on_batch`` (``fencing relay --metrics-port``):
+    ``fencing_relay_rows_total{queue, result}`` with result ``published`` (the broker
+    took it), ``failed`` (a publish raised; the row is tried again), ``lost`` (of the
+    published, those whose claim had lapsed: they go out again and the worker answers
+    ``Duplicate``), ``held`` (held back behind an earlier row of its key) and ``dead``."""
+
+    RESULTS: Final = ("published", "failed", "lost", "held", "dead")
+
+    def __init__(self, queue: str, registry: CollectorRegistry | None = None) -> None:
+        self.queue = queue
+        self.rows = Counter(
+            "fencing_relay_rows",
+            "Outbox rows a relay handled, by result",
+            ["queue", "result"],
+            registry=REGISTRY if registry is None else registry,
+        )
+        for result in self.RESULTS:  # every series present from the start, at 0
+            self.rows.labels(queue, result)
+
+    def __call__(self, counts: Any, totals: Any = None) -> None:
+        for result in self.RESULTS:
+            self.rows.labels(self.queue, result).inc(getattr(counts, result))
 
 
 def serve(port: int, addr: str = "127.0.0.1") -> CollectorRegistry:
