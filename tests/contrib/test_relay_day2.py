@@ -125,10 +125,10 @@ def test_metrics_on_a_port(tmp_path: Path) -> None:
     pytest.importorskip("prometheus_client")
     url = _filled(tmp_path, rows=5)
     port = _free_port()
+    argv = ["relay", url, "--queue", "celery", "--app", "tests.contrib.test_relay:APP"]
+    argv += ["--poll", "0.05", "--quiet", "--metrics-port", str(port)]
     relay = subprocess.Popen(
-        [sys.executable, "-W", "error", "-m", "fencing", "relay", url, "--queue", "celery"]
-        + ["--app", "tests.contrib.test_relay:APP", "--poll", "0.05", "--quiet"]
-        + ["--metrics-port", str(port)],
+        [sys.executable, "-W", "error", "-m", "fencing", *argv],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
