@@ -615,3 +615,59 @@ def test_bad_configuration_is_refused(store: fencing.Store, options: dict[str, A
 def test_bad_lease_spec_is_refused(options: dict[str, Any]) -> None:
     with pytest.raises(fencing.InvalidInput):
         LeaseSpec(**options)
+
+
+# -- issue 20, item 5: decide can see that its lease was lost before an external call -----
+def test_decide_sees_its_lease_and_a_lost_one_is_retried(store: fencing.Store) -> None:
+    from fencing.contrib._common import current_lease
+
+    orders = store.collection("orders")
+    orders.create("o-1", {"status": "packed"})
+    seen: list[Any] = []
+
+    def decide(record: fencing.Record) -> dict[str, Any]:
+        lease = current_lease()
+        seen.append(lease)
+        if len(seen) == 1:  # a newer owner took the lease (a pause past the TTL, say)
+            store.backend.release(lease.name, lease.token)
+            store.acquire(lease.name, owner="newer", ttl=30).release()
+        lease.renew()  # before the external call: is it still ours?
+        return {"status": "shipped"}
+
+    spec = task(orders, decide=decide, lease=LeaseSpec(ttl=30))
+    payload = spec.encode(orders.get("o-1"), "ship")
+    lost = spec.run(payload)
+    assert (lost.action, lost.kind) == (Action.RETRY, "lease_lost")
+    assert isinstance(lost.error, fencing.LeaseLost) and orders.get("o-1").version == 1
+    again = spec.run(payload, attempt=2)  # the queue's retry: a new lease, a new token
+    assert isinstance(again.outcome, fencing.Committed) and again.token == seen[1].token
+    assert seen[1].token > seen[0].token and current_lease() is None  # outside a task
+    assert (
+        task(orders, decide=lambda r: seen.append(current_lease()) or {"n": 1})
+        .run(spec.encode(orders.get("o-1"), "x"))
+        .outcome.committed
+    )
+    assert seen[-1] is None  # a task without lease=
+
+
+def test_an_async_decide_sees_its_async_lease() -> None:
+    from fencing.contrib._common import current_lease
+
+    async def main() -> None:
+        astore = await fencing.open_async("memory://")
+        orders = astore.collection("orders")
+        await orders.create("o-1", {"status": "packed"})
+        seen: list[Any] = []
+
+        async def decide(record: fencing.Record) -> dict[str, Any]:
+            seen.append(current_lease())
+            await current_lease().renew()
+            return {"status": "shipped"}
+
+        spec = task(orders, decide=decide, lease=LeaseSpec(ttl=30))
+        report = await spec.arun(spec.encode(await orders.get("o-1"), "ship"))
+        assert report.outcome is not None and report.outcome.committed
+        assert isinstance(seen[0], fencing.AsyncLease) and seen[0].token == report.token
+        await astore.close()
+
+    asyncio.run(main())

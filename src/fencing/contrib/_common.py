@@ -14,7 +14,8 @@ Skipped
 Stale, Fenced (newer owner),  ``ack``       success, the report records the stale result;
 Contended, Missing                          never retried (the decision is obsolete)
 TransientStoreError,          ``retry``     the queue's own retry, bounded, with backoff
-LeaseHeld, ``retry_on``,                    and the *same* payload: a retry after the
+LeaseHeld, LeaseLost (from                  and the *same* payload: a retry after the
+``decide``), ``retry_on``,
 Fenced (expired: the lease                  commit landed reports ``Duplicate``
 kept running out, nobody
 took over; LeaseExpired)
@@ -59,7 +60,15 @@ from .._policy import Drop, StalePolicy, check_policy
 from .._signing import Signer
 from .._store import Lease, Store
 from .._values import Committed, Fenced, FenceReason, Intent, Outcome, Record
-from ._context import aeffect, current_intent, current_target, effect, running_task
+from ._context import (
+    aeffect,
+    current_intent,
+    current_lease,
+    current_target,
+    effect,
+    holding,
+    running_task,
+)
 from ._options import Backoff, LeaseSpec, record_lease_name
 from ._outcomes import Action, TaskReport, classify, emit, not_abandoned
 from ._target import AsyncTarget, SyncTarget, TargetSlot, check_match
@@ -88,6 +97,7 @@ __all__ = [
     "aeffect",
     "classify",
     "current_intent",
+    "current_lease",
     "current_target",
     "effect",
     "outbox_key",
@@ -302,7 +312,7 @@ class FencedTask:
         if self.lease is None:
             return self._commit(target, intent, None), None
         store: Store = target._store
-        with store.acquire(**self._lease_args(intent, target)) as lease:
+        with store.acquire(**self._lease_args(intent, target)) as lease, holding(lease):
             return self._commit(target, intent, lease), lease.token
 
     def _commit(self, target: SyncTarget, intent: Intent, lease: Lease | None) -> Outcome:
@@ -325,7 +335,8 @@ class FencedTask:
             return await self._acommit(target, intent, None), None
         store: AsyncStore = target._store
         async with await store.acquire(**self._lease_args(intent, target)) as lease:
-            return await self._acommit(target, intent, lease), lease.token
+            with holding(lease):
+                return await self._acommit(target, intent, lease), lease.token
 
     async def _acommit(
         self, target: AsyncTarget, intent: Intent, lease: AsyncLease | None

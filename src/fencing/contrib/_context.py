@@ -22,6 +22,7 @@ _current: contextvars.ContextVar[Intent | None] = contextvars.ContextVar(
 _target: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "fencing_current_target", default=None
 )
+_lease: contextvars.ContextVar[Any] = contextvars.ContextVar("fencing_current_lease", default=None)
 
 
 def current_intent() -> Intent | None:
@@ -36,6 +37,30 @@ def current_intent() -> Intent | None:
 def current_target() -> Any:
     """The collection or table the running fenced task commits to (None outside one)."""
     return _target.get()
+
+
+def current_lease() -> Any:
+    """The lease the running fenced task holds (a ``Lease``, or an ``AsyncLease`` on an
+    async store; None without ``lease=`` or outside a task).
+
+    Before an external call that must not be made twice, ``decide`` can ask the store
+    whether the lease is still its own: ``current_lease().renew()`` (``await`` it on an
+    async store) raises ``fencing.LeaseLost`` when a newer owner took it or it ran out,
+    and the queue retries the task with the same intent (the store then judges it:
+    ``Duplicate`` if the newer owner committed it, ``Stale`` if the record moved on).
+    ``current_lease().lost`` says what the heartbeat already knows, without a round trip.
+    """
+    return _lease.get()
+
+
+@contextlib.contextmanager
+def holding(lease: Any) -> Iterator[None]:
+    """The context of a run under ``lease`` (reset on the way out)."""
+    token = _lease.set(lease)
+    try:
+        yield
+    finally:
+        _lease.reset(token)
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .._errors import InvalidInput, LeaseExpired, LeaseHeld, TransientStoreError
+from .._errors import InvalidInput, LeaseExpired, LeaseHeld, LeaseLost, TransientStoreError
 from .._values import Fenced, Intent, Outcome
 
 logger = logging.getLogger("fencing.task")
@@ -93,6 +93,8 @@ def classify(error: Exception, retry_on: tuple[type[Exception], ...] = ()) -> tu
         return Action.RETRY, "lease_held"
     if isinstance(error, LeaseExpired):
         return Action.RETRY, "lease_expired"
+    if isinstance(error, LeaseLost):  # decide found it lost (current_lease().renew())
+        return Action.RETRY, "lease_lost"
     if retry_on and isinstance(error, retry_on):
         return Action.RETRY, "retryable"
     return Action.FAIL, "error"
