@@ -333,3 +333,61 @@ def test_a_worker_killed_at_the_worst_moment(world: World, moment: str, tmp_path
         assert world.shipments() == [(1, "K")]
     (row,) = world.store.outbox.pending()  # the next step, exactly once
     assert fencing.Intent.from_json(row.payload).expected_version == 2
+
+
+# -- the other transaction sources ------------------------------------------------------
+def _book(step: Step) -> None:
+    cur = step.connection.cursor()
+    mark = "?" if type(step.connection).__module__.startswith("sqlite3") else "%s"
+    cur.execute(
+        f"INSERT INTO {SHIPMENTS} (order_id, tracking) VALUES ({mark}, {mark})",
+        (int(step.record.key), f"T{step.record.version}"),
+    )
+
+
+@pytest.mark.backends(only=lambda name: name == "postgresql")
+def test_a_psycopg_pool(world: World) -> None:
+    psycopg_pool = pytest.importorskip("psycopg_pool")
+    from tests.backends_postgres import _lend_conninfo, _lend_options
+
+    pool = psycopg_pool.ConnectionPool(
+        _lend_conninfo(world.url),
+        kwargs={"options": _lend_options(world.url)},
+        min_size=1,
+        max_size=2,
+        open=True,
+    )
+    try:
+        ship = fenced_task(world.app, target=world.table, transaction=pool, then=_book)(
+            decide_shipped
+        )
+        payload = ship.fencing.encode(world.table.get(1), "ship")
+        assert isinstance(ship.fencing.run(payload).outcome, Committed)
+        assert isinstance(ship.fencing.run(payload).outcome, Duplicate)
+        assert world.shipments() == [(1, "T2")]
+    finally:
+        pool.close()
+
+
+@pytest.mark.backends(only=lambda name: name == "sqlite-file")
+def test_a_function_giving_a_sqlite3_transaction(world: World) -> None:
+    import contextlib
+    import sqlite3
+
+    path = world.url.removeprefix("sqlite:///")
+
+    @contextlib.contextmanager
+    def transaction() -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(path, timeout=30)
+        try:
+            with conn:  # commits on a clean exit, rolls back on an exception
+                yield conn
+        finally:
+            conn.close()
+
+    ship = fenced_task(world.app, target=world.table, transaction=transaction, then=_book)(
+        decide_shipped
+    )
+    payload = ship.fencing.encode(world.table.get(1), "ship")
+    assert isinstance(ship.fencing.run(payload).outcome, Committed)
+    assert world.shipments() == [(1, "T2")] and world.table.get(1).version == 2
