@@ -42,9 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _examples(report: Report, kind: str, limit: int) -> str:
     found = report.anomalies[kind][:limit]
-    text = "\n".join(f"{a.key}, line {', '.join(map(str, a.lines))}: {a.message}" for a in found)
+    lines = [f"{a.key}, line {', '.join(map(str, a.lines))}: {a.message}" for a in found]
     more = len(report.anomalies[kind]) - len(found)
-    return text + (f"\n... and {more} more" if more > 0 else "")
+    if more > 0:
+        lines.append(f"... and {more} more")
+    return "\n".join(lines)
 
 
 def render(console: Console, report: Report, title: str, examples: int = 3) -> None:
