@@ -22,10 +22,21 @@ PROJECT = Path(__file__).resolve().parent / "project"
 SERVERS = {"postgresql": ("PostgreSQL", 5432), "mysql": ("MariaDB", 3306)}
 
 
+def environ() -> dict[str, str]:
+    """This process's environment for a subprocess in the project's directory: a
+    relative PYTHONPATH (``PYTHONPATH=src``) made absolute, so the subprocess imports
+    the same fencing as this process."""
+    env = dict(os.environ)
+    if env.get("PYTHONPATH"):
+        parts = env["PYTHONPATH"].split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) if p else p for p in parts)
+    return env
+
+
 def manage(vendor: str, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], str]:
     name = f"test_fencing_django_{uuid.uuid4().hex[:10]}"
     env = {
-        **os.environ,
+        **environ(),
         "FENCING_DJANGO_DB": vendor,
         "FENCING_DJANGO_DIR": str(tmp_path),
         "FENCING_DJANGO_TEST_NAME": name,
@@ -88,7 +99,7 @@ def test_the_migration_is_as_the_models_say(tmp_path: Path) -> None:
 def test_the_first_use_inside_atomic_does_not_wait_on_its_own_lock(tmp_path: Path) -> None:
     """SQLite: the store is opened when Django connects, before Django's transaction
     takes the write lock (opened inside it, it waited 30 s: "database is locked")."""
-    env = {**os.environ, "FENCING_DJANGO_DB": "sqlite", "FENCING_DJANGO_DIR": str(tmp_path)}
+    env = {**environ(), "FENCING_DJANGO_DB": "sqlite", "FENCING_DJANGO_DIR": str(tmp_path)}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     done = subprocess.run(
         [sys.executable, "-W", "error", "first_use.py"],
@@ -101,3 +112,40 @@ def test_the_first_use_inside_atomic_does_not_wait_on_its_own_lock(tmp_path: Pat
     assert done.returncode == 0, done.stdout + done.stderr
     version, seconds = done.stdout.split()
     assert version == "1" and float(seconds) < 5, done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vendor", ["sqlite", "postgresql", "mysql"])
+def test_pytest_django_runs_the_project_without_a_custom_runner(
+    vendor: str, tmp_path: Path
+) -> None:
+    """pytest-django over the same project (project/pytest.ini, shop/pytest_checks.py):
+    a fenced task in a test's transaction through fencing.contrib.django.testing, and
+    no test database left behind."""
+    pytest.importorskip("pytest_django", reason="pip install pytest-django")
+    if vendor in SERVERS:
+        label, port = SERVERS[vendor]
+        require_server(label, "127.0.0.1", port)
+    name = f"test_fencing_django_{uuid.uuid4().hex[:10]}"
+    env = {
+        **environ(),
+        "FENCING_DJANGO_DB": vendor,
+        "FENCING_DJANGO_DIR": str(tmp_path),
+        "FENCING_DJANGO_TEST_NAME": name,
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-m", "pytest", "-q", "shop/pytest_checks.py"],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "3 passed" in output, output
+    if vendor == "sqlite":
+        assert sorted(p.name for p in tmp_path.iterdir()) == [], output
+    else:
+        assert databases(vendor, name) == [], output
