@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests._backends import require_server
+from tests.test_report_browser import chromium, decode_png  # noqa: F401 (a fixture)
 
 pytest.importorskip("django", reason="pip install 'fencing[django]'")
 
@@ -149,3 +150,31 @@ def test_pytest_django_runs_the_project_without_a_custom_runner(
         assert sorted(p.name for p in tmp_path.iterdir()) == [], output
     else:
         assert databases(vendor, name) == [], output
+
+
+@pytest.mark.slow
+def test_the_admin_conflict_page_in_headless_chromium(chromium: str, tmp_path: Path) -> None:
+    """The live server's admin, a stale change form posted by the browser itself
+    (project/shop/browser.py): the page Chromium renders says the order changed
+    meanwhile, with its current values; the DOM and the screenshot are in tmp_path."""
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    env = {**environ(), "FENCING_CHROMIUM": chromium, "FENCING_DJANGO_SHOTS": str(shots)}
+    env.update(FENCING_DJANGO_DB="sqlite", FENCING_DJANGO_DIR=str(tmp_path))
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "manage.py", "test", "shop.browser", "--noinput"],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "Ran 1 test" in output, output
+    dom = (shots / "conflict.html").read_text()
+    assert "was changed by someone else after you opened this page" in dom
+    assert "Status: shipped" in dom
+    width, height, colours = decode_png((shots / "conflict.png").read_bytes())
+    assert (width, height) == (1280, 900)
+    assert len(colours) > 50  # a page was drawn (the DOM above says which)
