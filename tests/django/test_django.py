@@ -153,7 +153,7 @@ def test_pytest_django_runs_the_project_without_a_custom_runner(
 
 
 @pytest.mark.slow
-def test_the_admin_conflict_page_in_headless_chromium(chromium: str, tmp_path: Path) -> None:
+def test_the_admin_conflict_page_in_headless_chromium(chromium: str, tmp_path: Path) -> None:  # noqa: F811
     """The live server's admin, a stale change form posted by the browser itself
     (project/shop/browser.py): the page Chromium renders says the order changed
     meanwhile, with its current values; the DOM and the screenshot are in tmp_path."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, ClassVar
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -29,6 +29,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 
 from fencing import FencingError, OutboxRowError, RecordNotFound
+from fencing._outbox import QUEUE_KINDS
 
 from .entries import Effect, OutboxRow
 from .errors import StaleSave
@@ -37,7 +38,6 @@ from .stores import store
 
 __all__ = ["EffectAdmin", "FencedAdminMixin", "FencedModelAdmin", "OutboxAdmin"]
 
-_QUEUE_KINDS = ("celery", "rq", "dramatiq", "arq")
 
 
 class FencedAdminMixin:
@@ -116,7 +116,7 @@ class _StoreAdmin(admin.ModelAdmin):  # type: ignore[misc]
     #: how many rows the page lists at most (the oldest first)
     limit = 100
     template = ""
-    actions_allowed: dict[str, str] = {}
+    actions_allowed: ClassVar[dict[str, str]] = {}
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -200,7 +200,7 @@ class EffectAdmin(_StoreAdmin):
     marking one again changes nothing)."""
 
     template = "fencing/admin/effects.html"
-    actions_allowed = {"mark_reconciled": "change"}
+    actions_allowed: ClassVar[dict[str, str]] = {"mark_reconciled": "change"}
 
     def action_labels(self) -> list[tuple[str, str]]:
         return [("mark_reconciled", "Mark the selected effects reconciled")]
@@ -271,11 +271,7 @@ class OutboxAdmin(_StoreAdmin):
     to pending, "drop" deletes them (all of them or none)."""
 
     template = "fencing/admin/outbox.html"
-    actions_allowed = {"retry": "change", "drop": "delete"}
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        allowed: bool = super().has_delete_permission(request, obj)
-        return allowed
+    actions_allowed: ClassVar[dict[str, str]] = {"retry": "change", "drop": "delete"}
 
     def action_labels(self) -> list[tuple[str, str]]:
         return [
@@ -287,7 +283,7 @@ class OutboxAdmin(_StoreAdmin):
         state = request.GET.get("state", "pending")
         state = state if state in ("pending", "dead") else "pending"
         kind = request.GET.get("kind", "")
-        kind = kind if kind in _QUEUE_KINDS else ""
+        kind = kind if kind in QUEUE_KINDS else ""
         outbox = store(self.using).outbox
         stats = outbox.stats(kind=kind or None)
         if state == "dead":
@@ -308,8 +304,10 @@ class OutboxAdmin(_StoreAdmin):
             }
             for r in found
         ]
-        kinds = [("", "all"), *((k, k) for k in _QUEUE_KINDS)]
-        extra = {} if state == "dead" else {"action_choices": []}  # only dead rows change
+        kinds = [("", "all"), *((k, k) for k in QUEUE_KINDS)]
+        extra: dict[str, Any] = (
+            {} if state == "dead" else {"action_choices": []}
+        )  # only dead rows change
         return {
             **extra,
             "rows": rows,
@@ -321,11 +319,14 @@ class OutboxAdmin(_StoreAdmin):
                 (
                     "state",
                     [
-                        (f"pending ({stats.pending})", _link(request, state="pending"),
-                         state == "pending"),
+                        (
+                            f"pending ({stats.pending})",
+                            _link(request, state="pending"),
+                            state == "pending",
+                        ),
                         (f"dead ({stats.dead})", _link(request, state="dead"), state == "dead"),
                     ],
-                ),  # fmt: skip
+                ),
                 ("kind", [(label, _link(request, kind=v), v == kind) for v, label in kinds]),
             ],
         }

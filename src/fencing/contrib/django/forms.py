@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django import forms
 from django.core.exceptions import ValidationError
 from django.utils.text import capfirst
 
+from django import forms
 from fencing import ConfigurationError, FencingError, Intent
 
 from .models import version_field
@@ -77,7 +77,7 @@ def _shown_version(token: str, instance: Any) -> int:
     )
     if not same or intent.expected_version is None:
         raise ValidationError(_TAMPERED, code="fencing_version")
-    return intent.expected_version
+    return int(intent.expected_version)
 
 
 _TAMPERED = (

@@ -84,7 +84,9 @@ class ChangeForm(TestCase):
 
     def test_the_same_page_posted_twice_is_stale_the_second_time(self):
         token = shown(self.client.get(change_url(self.order)))
-        self.assertEqual(self.client.post(change_url(self.order), form(token, fee="1")).status_code, 302)
+        self.assertEqual(
+            self.client.post(change_url(self.order), form(token, fee="1")).status_code, 302
+        )
         again = self.client.post(change_url(self.order), form(token, fee="2"))
         self.assertEqual(again.status_code, 200)
         self.assertIn(CONFLICT, again.content.decode())
@@ -184,7 +186,9 @@ class Effects(TransactionTestCase):
         viewer.user_permissions.add(Permission.objects.get(codename="view_effect"))
         self.client.force_login(viewer)
         self.assertIn(key, self.client.get(self.url).content.decode())
-        refused = self.client.post(self.url, {"action": "mark_reconciled", "_selected_action": [key]})
+        refused = self.client.post(
+            self.url, {"action": "mark_reconciled", "_selected_action": [key]}
+        )
         self.assertEqual(refused.status_code, 403)
         self.assertFalse(store().get_effect(key).reconciled)
 
@@ -208,7 +212,9 @@ class Outbox(TransactionTestCase):
         page = self.client.get(self.url).content.decode()
         self.assertIn(f"<td>{self.row.id}</td>", page)
         self.assertIn(self.row.task, page)
-        self.assertNotIn(f"<td>{self.row.id}</td>", self.client.get(self.url + "?state=dead").content.decode())
+        self.assertNotIn(
+            f"<td>{self.row.id}</td>", self.client.get(self.url + "?state=dead").content.decode()
+        )
         self.bury()
         dead = self.client.get(self.url + "?state=dead").content.decode()
         self.assertIn(f"<td>{self.row.id}</td>", dead)

@@ -43,4 +43,3 @@ class CeleryEager(FencedTasksMixin, TestCase):
         result = ship.apply(args=(ship.fencing.encode(order.intent("ship")),))
         self.assertEqual(result.get()["outcome"], "committed")
         self.assertEqual(Order.objects.get(pk=order.pk).status, "shipped")
-
