@@ -4,7 +4,7 @@ effects that need reconciling and the outbox."""
 
 import re
 
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.db.models.signals import pre_save
 from django.test import TestCase, TransactionTestCase
 
@@ -128,6 +128,24 @@ class ChangeForm(TestCase):
             Order.objects.values_list("status", "note", "version").get(), ("packed", "", 2)
         )
 
+    def test_an_admin_with_its_own_fieldsets_gets_the_version_field_too(self):
+        url = f"/admin-fieldsets/shop/order/{self.order.pk}/change/"
+        token = shown(self.client.get(url))
+        self.assertEqual(self.client.post(url, form(token, fee="1")).status_code, 302)
+        stale = self.client.post(url, form(token, fee="2"))
+        self.assertEqual(stale.status_code, 200)
+        self.assertIn(CONFLICT, stale.content.decode())
+        self.assertEqual(Order.objects.values_list("fee", "version").get(), (1, 2))
+
+    def test_a_user_who_may_only_view_sees_no_version_field(self):
+        viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+        viewer.user_permissions.add(Permission.objects.get(codename="view_order"))
+        self.client.force_login(viewer)
+        page = self.client.get(change_url(self.order))
+        self.assertEqual(page.status_code, 200)
+        self.assertNotIn("fencing_version", page.content.decode())
+        self.assertIn("paid", page.content.decode())
+
     def test_the_add_form_has_no_version_to_check(self):
         done = self.client.post("/admin/shop/order/add/", form("", status="new"))
         self.assertEqual(done.status_code, 302)
@@ -181,8 +199,6 @@ class Effects(TransactionTestCase):
     def test_a_user_who_may_only_view_cannot_mark(self):
         key = self.settled_effect()
         viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
-        from django.contrib.auth.models import Permission
-
         viewer.user_permissions.add(Permission.objects.get(codename="view_effect"))
         self.client.force_login(viewer)
         self.assertIn(key, self.client.get(self.url).content.decode())
