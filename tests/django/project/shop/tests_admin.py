@@ -227,6 +227,7 @@ class Outbox(TransactionTestCase):
     def test_pending_and_dead_rows_are_listed(self):
         page = self.client.get(self.url).content.decode()
         self.assertIn(f"<td>{self.row.id}</td>", page)
+        self.assertNotIn('name="action"', page)  # a pending row is not retried or dropped
         self.assertIn(self.row.task, page)
         self.assertNotIn(
             f"<td>{self.row.id}</td>", self.client.get(self.url + "?state=dead").content.decode()
