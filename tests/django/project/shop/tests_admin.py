@@ -4,14 +4,16 @@ effects that need reconciling and the outbox."""
 
 import re
 
+from django.contrib.admin import AdminSite
 from django.contrib.auth.models import Permission, User
 from django.db.models.signals import pre_save
 from django.test import TestCase, TransactionTestCase
 
 from fencing.contrib.django import signer, store
+from fencing.contrib.django.admin import FencedModelAdmin, check_fenced_admins
 
 from .jobs import ship
-from .models import Order
+from .models import Order, Plain
 
 CONFLICT = "was changed by someone else after you opened this page"
 
@@ -150,6 +152,20 @@ class ChangeForm(TestCase):
         done = self.client.post("/admin/shop/order/add/", form("", status="new"))
         self.assertEqual(done.status_code, 302)
         self.assertEqual(Order.objects.count(), 2)
+
+
+class Check(TestCase):
+    def test_a_fenced_model_on_a_plain_model_admin_is_warned_about(self):
+        self.assertEqual(check_fenced_admins(), [])  # shop/admin.py uses FencedModelAdmin
+        site = AdminSite(name="plain")
+        site.register(Order)
+        site.register(Plain)  # not a FencedModel: nothing to say
+        found = check_fenced_admins()
+        self.assertEqual([(w.id, w.obj.model) for w in found], [("fencing_admin.W001", Order)])
+        self.assertIn("'plain' with ModelAdmin", found[0].msg)
+        site.unregister(Order)
+        site.register(Order, FencedModelAdmin)
+        self.assertEqual(check_fenced_admins(), [])
 
 
 class Effects(TransactionTestCase):

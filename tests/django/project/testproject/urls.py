@@ -1,6 +1,5 @@
 from django.contrib import admin
 from django.urls import path
-
 from shop.admin import fieldsets_site
 from shop.browser import stale_page
 
