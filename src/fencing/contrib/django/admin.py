@@ -21,7 +21,9 @@ import time
 import urllib.parse
 from typing import Any, ClassVar
 
+from django.apps import apps
 from django.contrib import admin, messages
+from django.core import checks
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import flatten_fieldsets
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -36,8 +38,13 @@ from .errors import StaleSave
 from .forms import VERSION_FIELD, VersionedModelForm
 from .stores import store
 
-__all__ = ["EffectAdmin", "FencedAdminMixin", "FencedModelAdmin", "OutboxAdmin"]
-
+__all__ = [
+    "EffectAdmin",
+    "FencedAdminMixin",
+    "FencedModelAdmin",
+    "OutboxAdmin",
+    "check_fenced_admins",
+]
 
 
 class FencedAdminMixin:
@@ -356,5 +363,37 @@ class OutboxAdmin(_StoreAdmin):
         self._change(request, chosen, "drop")
 
 
-admin.site.register(Effect, EffectAdmin)
-admin.site.register(OutboxRow, OutboxAdmin)
+@checks.register(checks.Tags.admin)
+def check_fenced_admins(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``fencing_admin.W001``: a FencedModel registered on an admin site with an admin
+    whose change form does not carry its version (not a :class:`FencedAdminMixin`):
+    a page opened before the row moved on would be saved over it, or, if the row moves
+    during the post, answered with a server error."""
+    from django.contrib.admin.sites import all_sites
+
+    from .models import version_field
+
+    found = []
+    for site in list(all_sites):
+        for model, model_admin in list(site._registry.items()):
+            if version_field(model) is None or isinstance(model_admin, FencedAdminMixin):
+                continue
+            if app_configs is not None and model._meta.app_config not in app_configs:
+                continue
+            found.append(
+                checks.Warning(
+                    f"{model._meta.label} is a fenced model registered on the admin site"
+                    f" {site.name!r} with {type(model_admin).__name__}, whose change form"
+                    " does not carry the version it showed",
+                    hint="register it with fencing.contrib.django.admin.FencedModelAdmin"
+                    " (or put FencedAdminMixin first in your admin's bases)",
+                    obj=model_admin,
+                    id="fencing_admin.W001",
+                )
+            )
+    return found
+
+
+if apps.is_installed("django.contrib.admin"):  # (admin.site needs it; a site of yours not)
+    admin.site.register(Effect, EffectAdmin)
+    admin.site.register(OutboxRow, OutboxAdmin)
