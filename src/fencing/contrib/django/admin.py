@@ -23,9 +23,9 @@ from typing import Any, ClassVar
 
 from django.apps import apps
 from django.contrib import admin, messages
-from django.core import checks
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import flatten_fieldsets
+from django.core import checks
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -363,8 +363,7 @@ class OutboxAdmin(_StoreAdmin):
         self._change(request, chosen, "drop")
 
 
-@checks.register(checks.Tags.admin)
-def check_fenced_admins(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_fenced_admins(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """``fencing_admin.W001``: a FencedModel registered on an admin site with an admin
     whose change form does not carry its version (not a :class:`FencedAdminMixin`):
     a page opened before the row moved on would be saved over it, or, if the row moves
@@ -394,6 +393,7 @@ def check_fenced_admins(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     return found
 
 
+checks.register(check_fenced_admins, checks.Tags.admin)
 if apps.is_installed("django.contrib.admin"):  # (admin.site needs it; a site of yours not)
     admin.site.register(Effect, EffectAdmin)
     admin.site.register(OutboxRow, OutboxAdmin)
