@@ -36,11 +36,13 @@ from fencing._outbox import QUEUE_KINDS
 from .entries import Effect, OutboxRow
 from .errors import StaleSave
 from .forms import VERSION_FIELD, VersionedModelForm
+from .sites import FencedAdminSite
 from .stores import store
 
 __all__ = [
     "EffectAdmin",
     "FencedAdminMixin",
+    "FencedAdminSite",
     "FencedModelAdmin",
     "OutboxAdmin",
     "check_fenced_admins",
@@ -385,7 +387,9 @@ def check_fenced_admins(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                     f" {site.name!r} with {type(model_admin).__name__}, whose change form"
                     " does not carry the version it showed",
                     hint="register it with fencing.contrib.django.admin.FencedModelAdmin"
-                    " (or put FencedAdminMixin first in your admin's bases)",
+                    " (or put FencedAdminMixin first in your admin's bases), or use"
+                    " fencing.contrib.django.adminapp.FencedAdminConfig in INSTALLED_APPS"
+                    " in place of django.contrib.admin",
                     obj=model_admin,
                     id="fencing_admin.W001",
                 )

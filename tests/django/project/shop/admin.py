@@ -6,11 +6,15 @@ from .models import Order
 
 
 @admin.register(Order)
-class OrderAdmin(FencedModelAdmin):
+class OrderAdmin(admin.ModelAdmin):
+    """A plain ModelAdmin: admin.site is a FencedAdminSite (settings: FencedAdminConfig),
+    which registers it with FencedAdminMixin first."""
+
     list_display = ("id", "status", "fee", "version")
 
 
-#: A second site whose Order admin names its fieldsets (the version field is added).
+#: A plain AdminSite, whose Order admin is a FencedModelAdmin naming its fieldsets
+#: (the version field is added to them).
 fieldsets_site = admin.AdminSite(name="fieldsets")
 
 

@@ -4,14 +4,21 @@ effects that need reconciling and the outbox."""
 
 import re
 
+from django.contrib import admin
 from django.contrib.admin import AdminSite
 from django.contrib.auth.models import Permission, User
 from django.db.models.signals import pre_save
 from django.test import TestCase, TransactionTestCase
 
 from fencing.contrib.django import signer, store
-from fencing.contrib.django.admin import FencedModelAdmin, check_fenced_admins
+from fencing.contrib.django.admin import (
+    FencedAdminMixin,
+    FencedAdminSite,
+    FencedModelAdmin,
+    check_fenced_admins,
+)
 
+from .admin import OrderAdmin
 from .jobs import ship
 from .models import Order, Plain
 
@@ -154,9 +161,24 @@ class ChangeForm(TestCase):
         self.assertEqual(Order.objects.count(), 2)
 
 
+class AutomaticallyFenced(TestCase):
+    def test_admin_site_is_a_fenced_site_and_a_plain_model_admin_is_fenced(self):
+        self.assertIsInstance(admin.site, FencedAdminSite)  # FencedAdminConfig's default
+        self.assertIsInstance(admin.site._registry[Order], FencedAdminMixin)
+        self.assertIsInstance(admin.site._registry[Order], OrderAdmin)
+        site = FencedAdminSite(name="other")
+        site.register([Order, Plain])
+        self.assertIsInstance(site._registry[Order], FencedAdminMixin)
+        self.assertNotIsInstance(site._registry[Plain], FencedAdminMixin)
+        site.unregister(Order)
+        site.register(Order, list_per_page=10)  # options make a subclass, fenced too
+        self.assertIsInstance(site._registry[Order], FencedAdminMixin)
+        self.assertEqual(site._registry[Order].list_per_page, 10)
+
+
 class Check(TestCase):
     def test_a_fenced_model_on_a_plain_model_admin_is_warned_about(self):
-        self.assertEqual(check_fenced_admins(), [])  # shop/admin.py uses FencedModelAdmin
+        self.assertEqual(check_fenced_admins(), [])  # every site of shop/admin.py is fenced
         site = AdminSite(name="plain")
         site.register(Order)
         site.register(Plain)  # not a FencedModel: nothing to say

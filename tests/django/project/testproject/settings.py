@@ -77,7 +77,8 @@ DATABASES["memory"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:
 # The admin (fencing.contrib.django.admin: the change form of a FencedModel, the
 # recorded effects and the outbox), tested through Django's test client.
 INSTALLED_APPS += [
-    "django.contrib.admin",
+    # django.contrib.admin whose admin.site fences every FencedModel registered on it
+    "fencing.contrib.django.adminapp.FencedAdminConfig",
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
