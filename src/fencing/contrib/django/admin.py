@@ -43,6 +43,7 @@ __all__ = [
     "EffectAdmin",
     "FencedAdminMixin",
     "FencedAdminSite",
+    "FencedInlineMixin",
     "FencedModelAdmin",
     "OutboxAdmin",
     "check_fenced_admins",
@@ -61,24 +62,17 @@ class FencedAdminMixin:
 
     def __init__(self, model: Any, admin_site: Any) -> None:
         super().__init__(model, admin_site)  # type: ignore[call-arg]
-        form = self.form
-        if not issubclass(form, VersionedModelForm):
-            self.form = type(form.__name__, (VersionedModelForm, form), {})
+        self.form = _versioned(self.form)
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        fieldsets = list(super().get_fieldsets(request, obj))  # type: ignore[misc]
-        listed = VERSION_FIELD in flatten_fieldsets(fieldsets)
+        fieldsets = super().get_fieldsets(request, obj)  # type: ignore[misc]
         wanted = obj is not None and self.has_change_permission(request, obj)  # type: ignore[attr-defined]
-        if wanted and not listed and fieldsets:
-            name, options = fieldsets[-1]
-            fields = [*options.get("fields", ()), VERSION_FIELD]
-            fieldsets[-1] = (name, {**options, "fields": fields})
-        elif listed and not wanted:
-            fieldsets = [
-                (name, {**options, "fields": _without(options.get("fields", ()))})
-                for name, options in fieldsets
-            ]
-        return fieldsets
+        return _with_version(fieldsets, wanted)
+
+    def get_inlines(self, request: HttpRequest, obj: Any) -> Any:
+        """The inlines, those of a FencedModel with :class:`FencedInlineMixin` first."""
+        inlines = super().get_inlines(request, obj)  # type: ignore[misc]
+        return [_fenced_inline(inline) for inline in inlines]
 
     def changeform_view(
         self,
@@ -98,6 +92,63 @@ class FencedAdminMixin:
                 raise
             response = view(request, object_id, form_url, extra_context)
         return response
+
+
+def _versioned(form: Any) -> Any:
+    if issubclass(form, VersionedModelForm):
+        return form
+    return type(form.__name__, (VersionedModelForm, form), {})
+
+
+def _with_version(given: Any, wanted: bool) -> list[Any]:
+    """``given`` fieldsets naming the hidden version field once if ``wanted``, else not."""
+    fieldsets: list[Any] = list(given)
+    listed = VERSION_FIELD in flatten_fieldsets(fieldsets)
+    if wanted and not listed and fieldsets:
+        name, options = fieldsets[-1]
+        fields = [*options.get("fields", ()), VERSION_FIELD]
+        fieldsets[-1] = (name, {**options, "fields": fields})
+    elif listed and not wanted:
+        fieldsets = [
+            (name, {**options, "fields": _without(options.get("fields", ()))})
+            for name, options in fieldsets
+        ]
+    return fieldsets
+
+
+_inlines: dict[Any, Any] = {}
+
+
+def _fenced_inline(inline: Any) -> Any:
+    """``inline`` (a class), with :class:`FencedInlineMixin` first if its model is fenced."""
+    from .models import version_field
+
+    if version_field(inline.model) is None or issubclass(inline, FencedInlineMixin):
+        return inline
+    fenced = _inlines.get(inline)
+    if fenced is None:
+        fenced = type(
+            inline.__name__, (FencedInlineMixin, inline), {"__module__": inline.__module__}
+        )
+        _inlines[inline] = fenced
+    return fenced
+
+
+class FencedInlineMixin:
+    """Put it first in an inline's bases (``FencedAdminMixin`` does it for the inlines
+    of a FencedModel): each row's form carries the version it showed, and a row that
+    moved on since the page was opened is shown with the current values, nothing
+    written (the whole change form is refused, as for any invalid row)."""
+
+    form: Any
+
+    def __init__(self, parent_model: Any, admin_site: Any) -> None:
+        super().__init__(parent_model, admin_site)  # type: ignore[call-arg]
+        self.form = _versioned(self.form)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)  # type: ignore[misc]
+        return _with_version(fieldsets, self.has_change_permission(request, obj))  # type: ignore[attr-defined]
 
 
 def _without(fields: Any) -> Any:
