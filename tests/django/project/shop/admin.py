@@ -21,3 +21,20 @@ fieldsets_site = admin.AdminSite(name="fieldsets")
 @admin.register(Order, site=fieldsets_site)
 class OrderFieldsetsAdmin(FencedModelAdmin):
     fieldsets = ((None, {"fields": ("status",)}), ("More", {"fields": (("fee", "note"),)}))
+
+
+class LineInline(admin.TabularInline):
+    """A plain inline: FencedModelAdmin gives a FencedModel's inline FencedInlineMixin."""
+
+    from lines.models import Line as model
+
+    extra = 0
+
+
+#: A plain AdminSite whose Order admin has the order's lines inline.
+inlines_site = admin.AdminSite(name="inlines")
+
+
+@admin.register(Order, site=inlines_site)
+class OrderInlinesAdmin(FencedModelAdmin):
+    inlines = [LineInline]

@@ -9,6 +9,7 @@ from django.contrib.admin import AdminSite
 from django.contrib.auth.models import Permission, User
 from django.db.models.signals import pre_save
 from django.test import TestCase, TransactionTestCase
+from lines.models import Line
 
 from fencing.contrib.django import signer, store
 from fencing.contrib.django.admin import (
@@ -159,6 +160,47 @@ class ChangeForm(TestCase):
         done = self.client.post("/admin/shop/order/add/", form("", status="new"))
         self.assertEqual(done.status_code, 302)
         self.assertEqual(Order.objects.count(), 2)
+
+
+class Inlines(TestCase):
+    def setUp(self):
+        admin_client(self)
+        self.order = Order.objects.create(status="paid")
+        self.line = Line.objects.create(order=self.order, sku="tea", qty=1)
+        self.url = f"/admin-inlines/shop/order/{self.order.pk}/change/"
+
+    def post(self, page, qty):
+        data = form(shown(page), status="packed")
+        data.update(
+            {
+                "lines-TOTAL_FORMS": "1",
+                "lines-INITIAL_FORMS": "1",
+                "lines-MIN_NUM_FORMS": "0",
+                "lines-MAX_NUM_FORMS": "1000",
+                "lines-0-id": str(self.line.pk),
+                "lines-0-order": str(self.order.pk),
+                "lines-0-sku": "tea",
+                "lines-0-qty": str(qty),
+                "lines-0-fencing_version": shown(page, "lines-0-fencing_version"),
+            }
+        )
+        return self.client.post(self.url, data)
+
+    def test_a_stale_inline_row_is_shown_with_its_current_values_and_nothing_written(self):
+        page = self.client.get(self.url)
+        Line.objects.filter(pk=self.line.pk).update(qty=5)  # the line moved on meanwhile
+        answer = self.post(page, qty=2)
+        self.assertEqual(answer.status_code, 200)
+        self.assertIn("This line was changed by someone else", answer.content.decode())
+        self.assertIn("Qty: 5", answer.content.decode())
+        self.assertEqual(Line.objects.values_list("qty", "version").get(), (5, 2))
+        self.assertEqual(Order.objects.values_list("status", "version").get(), ("paid", 1))
+
+    def test_a_fresh_inline_row_saves_and_again(self):
+        self.assertEqual(self.post(self.client.get(self.url), qty=2).status_code, 302)
+        self.assertEqual(Line.objects.values_list("qty", "version").get(), (2, 2))
+        self.assertEqual(self.post(self.client.get(self.url), qty=3).status_code, 302)
+        self.assertEqual(Line.objects.values_list("qty", "version").get(), (3, 3))
 
 
 class AutomaticallyFenced(TestCase):

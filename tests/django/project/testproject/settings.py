@@ -105,3 +105,4 @@ TEMPLATES = [
         },
     }
 ]
+INSTALLED_APPS += ["lines"]  # a FencedModel in the admin's inlines (shop/admin.py)
