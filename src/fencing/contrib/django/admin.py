@@ -93,6 +93,26 @@ class FencedAdminMixin:
             response = view(request, object_id, form_url, extra_context)
         return response
 
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """``list_editable`` rows are loaded again when the list is posted (their
+        versions are not carried): a row that moved on before its save is refused,
+        the admin's transaction rolled back, and the list shown again with a message."""
+        try:
+            response: HttpResponse = super().changelist_view(request, extra_context)  # type: ignore[misc]
+        except StaleSave as refused:
+            if request.method != "POST":
+                raise
+            self.message_user(  # type: ignore[attr-defined]
+                request,
+                f"{refused.instance} was changed by someone else while this list was saved:"
+                " nothing was saved. Edit the list again.",
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(request.get_full_path())
+        return response
+
 
 def _versioned(form: Any) -> Any:
     if issubclass(form, VersionedModelForm):

@@ -21,6 +21,8 @@ fieldsets_site = admin.AdminSite(name="fieldsets")
 @admin.register(Order, site=fieldsets_site)
 class OrderFieldsetsAdmin(FencedModelAdmin):
     fieldsets = ((None, {"fields": ("status",)}), ("More", {"fields": (("fee", "note"),)}))
+    list_display = ("id", "status", "fee")
+    list_editable = ("fee",)
 
 
 class LineInline(admin.TabularInline):

@@ -162,6 +162,47 @@ class ChangeForm(TestCase):
         self.assertEqual(Order.objects.count(), 2)
 
 
+class ListEditable(TestCase):
+    url = "/admin-fieldsets/shop/order/"
+
+    def setUp(self):
+        admin_client(self)
+        self.order = Order.objects.create(status="paid")
+
+    def post(self, fee):
+        data = {
+            "form-TOTAL_FORMS": "1",
+            "form-INITIAL_FORMS": "1",
+            "form-MIN_NUM_FORMS": "0",
+            "form-MAX_NUM_FORMS": "1000",
+            "form-0-id": str(self.order.pk),
+            "form-0-fee": str(fee),
+            "_save": "Save",
+        }
+        return self.client.post(self.url, data, follow=True)
+
+    def test_a_list_saves(self):
+        self.assertEqual(self.post(7).status_code, 200)
+        self.assertEqual(Order.objects.values_list("fee", "version").get(), (7, 2))
+
+    def test_a_row_moved_during_the_save_is_a_message_not_a_server_error(self):
+        def race(sender, instance, **kwargs):
+            Order.objects.filter(pk=instance.pk).update(note="raced")
+
+        pre_save.connect(race, sender=Order)
+        try:
+            answer = self.post(7)
+        finally:
+            pre_save.disconnect(race, sender=Order)
+        self.assertEqual(answer.status_code, 200)
+        self.assertIn(
+            "was changed by someone else while this list was saved", answer.content.decode()
+        )
+        self.assertEqual(
+            Order.objects.values_list("fee", "note", "version").get(), (0, "", 1)
+        )  # rolled back, the raced write in the admin's transaction too
+
+
 class Inlines(TestCase):
     def setUp(self):
         admin_client(self)
