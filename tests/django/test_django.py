@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests._backends import require_server
+from tests.test_report_browser import chromium, decode_png  # noqa: F401 (a fixture)
 
 pytest.importorskip("django", reason="pip install 'fencing[django]'")
 
@@ -22,10 +23,21 @@ PROJECT = Path(__file__).resolve().parent / "project"
 SERVERS = {"postgresql": ("PostgreSQL", 5432), "mysql": ("MariaDB", 3306)}
 
 
+def environ() -> dict[str, str]:
+    """This process's environment for a subprocess in the project's directory: a
+    relative PYTHONPATH (``PYTHONPATH=src``) made absolute, so the subprocess imports
+    the same fencing as this process."""
+    env = dict(os.environ)
+    if env.get("PYTHONPATH"):
+        parts = env["PYTHONPATH"].split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) if p else p for p in parts)
+    return env
+
+
 def manage(vendor: str, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], str]:
     name = f"test_fencing_django_{uuid.uuid4().hex[:10]}"
     env = {
-        **os.environ,
+        **environ(),
         "FENCING_DJANGO_DB": vendor,
         "FENCING_DJANGO_DIR": str(tmp_path),
         "FENCING_DJANGO_TEST_NAME": name,
@@ -88,7 +100,7 @@ def test_the_migration_is_as_the_models_say(tmp_path: Path) -> None:
 def test_the_first_use_inside_atomic_does_not_wait_on_its_own_lock(tmp_path: Path) -> None:
     """SQLite: the store is opened when Django connects, before Django's transaction
     takes the write lock (opened inside it, it waited 30 s: "database is locked")."""
-    env = {**os.environ, "FENCING_DJANGO_DB": "sqlite", "FENCING_DJANGO_DIR": str(tmp_path)}
+    env = {**environ(), "FENCING_DJANGO_DB": "sqlite", "FENCING_DJANGO_DIR": str(tmp_path)}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     done = subprocess.run(
         [sys.executable, "-W", "error", "first_use.py"],
@@ -101,3 +113,68 @@ def test_the_first_use_inside_atomic_does_not_wait_on_its_own_lock(tmp_path: Pat
     assert done.returncode == 0, done.stdout + done.stderr
     version, seconds = done.stdout.split()
     assert version == "1" and float(seconds) < 5, done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vendor", ["sqlite", "postgresql", "mysql"])
+def test_pytest_django_runs_the_project_without_a_custom_runner(
+    vendor: str, tmp_path: Path
+) -> None:
+    """pytest-django over the same project (project/pytest.ini, shop/pytest_checks.py):
+    a fenced task in a test's transaction through fencing.contrib.django.testing, and
+    no test database left behind."""
+    pytest.importorskip("pytest_django", reason="pip install pytest-django")
+    if vendor in SERVERS:
+        label, port = SERVERS[vendor]
+        require_server(label, "127.0.0.1", port)
+    name = f"test_fencing_django_{uuid.uuid4().hex[:10]}"
+    env = {
+        **environ(),
+        "FENCING_DJANGO_DB": vendor,
+        "FENCING_DJANGO_DIR": str(tmp_path),
+        "FENCING_DJANGO_TEST_NAME": name,
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-m", "pytest", "-q", "shop/pytest_checks.py"],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "3 passed" in output, output
+    if vendor == "sqlite":
+        assert sorted(p.name for p in tmp_path.iterdir()) == [], output
+    else:
+        assert databases(vendor, name) == [], output
+
+
+@pytest.mark.slow
+def test_the_admin_conflict_page_in_headless_chromium(chromium: str, tmp_path: Path) -> None:  # noqa: F811
+    """The live server's admin, a stale change form posted by the browser itself
+    (project/shop/browser.py): the page Chromium renders says the order changed
+    meanwhile, with its current values; the DOM and the screenshot are in tmp_path."""
+    shots = tmp_path / "shots"
+    shots.mkdir()
+    env = {**environ(), "FENCING_CHROMIUM": chromium, "FENCING_DJANGO_SHOTS": str(shots)}
+    env.update(FENCING_DJANGO_DB="sqlite", FENCING_DJANGO_DIR=str(tmp_path))
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "manage.py", "test", "shop.browser", "--noinput"],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "Ran 1 test" in output, output
+    dom = (shots / "conflict.html").read_text()
+    assert "was changed by someone else after you opened this page" in dom
+    assert "Status: shipped" in dom
+    width, height, colours = decode_png((shots / "conflict.png").read_bytes())
+    assert (width, height) == (1280, 900)
+    assert len(colours) > 50  # a page was drawn (the DOM above says which)

@@ -7,6 +7,7 @@ import inspect
 import os
 import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from .._astore import AsyncCollection, AsyncTable
@@ -20,6 +21,14 @@ AsyncTarget = AsyncCollection | AsyncTable
 #: async targets; it may return an awaitable), so a worker opens its own store
 #: after fork instead of inheriting the enqueuing process's connection.
 TargetSource = SyncTarget | AsyncTarget | Callable[[], Any]
+
+
+#: Set by a test helper (``fencing.contrib.django.testing``): the view of each resolved
+#: sync target that a run in this context commits through (the same table on the
+#: test's own connection), or None.
+sync_view: ContextVar[Callable[[SyncTarget], SyncTarget] | None] = ContextVar(
+    "fencing_sync_view", default=None
+)
 
 
 def check_match(target: SyncTarget | AsyncTarget, intent: Intent) -> None:
@@ -58,6 +67,11 @@ class TargetSlot:
         return self._value if self._pid == os.getpid() else None
 
     def sync(self) -> SyncTarget:
+        value = self._resolve()
+        view = sync_view.get()
+        return value if view is None else view(value)
+
+    def _resolve(self) -> SyncTarget:
         source = self._source
         if isinstance(source, Collection | Table):
             return source

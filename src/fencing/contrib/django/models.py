@@ -175,3 +175,7 @@ class FencedModel(models.Model):  # type: ignore[misc]
             current = type(self)._base_manager.using(alias).filter(pk=self.pk).first()
             raise StaleSave(self, mine, current, None if record is None else record.version)
         return record.intent(transition, guard=guard)
+
+
+# The admin's entries for fencing's effects and outbox (models without a table).
+from .entries import Effect, OutboxRow  # noqa: E402, F401

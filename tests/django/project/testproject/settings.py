@@ -73,3 +73,36 @@ DATABASES["odd"] = {
     "OPTIONS": {"sslmode": "disable", "server_side_binding": False},
 }
 DATABASES["memory"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+
+# The admin (fencing.contrib.django.admin: the change form of a FencedModel, the
+# recorded effects and the outbox), tested through Django's test client.
+INSTALLED_APPS += [
+    # django.contrib.admin whose admin.site fences every FencedModel registered on it
+    "fencing.contrib.django.adminapp.FencedAdminConfig",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "testproject.urls"
+STATIC_URL = "/static/"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+INSTALLED_APPS += ["lines"]  # a FencedModel in the admin's inlines (shop/admin.py)
