@@ -198,6 +198,67 @@ def test_async_through_the_session(
     asyncio.run(main())
 
 
+#: a database-side update of ``touched_at`` on every UPDATE, per backend
+_SERVER_UPDATES = {
+    "postgresql": (
+        "CREATE FUNCTION touch_parcel() RETURNS trigger LANGUAGE plpgsql AS"
+        " $t$ BEGIN NEW.touched_at := now(); RETURN NEW; END $t$",
+        "CREATE TRIGGER touch_parcel BEFORE UPDATE ON parcels_ou FOR EACH ROW"
+        " EXECUTE FUNCTION touch_parcel()",
+    ),
+    "mysql": (
+        "ALTER TABLE parcels_ou MODIFY touched_at DATETIME NULL"
+        " DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP",
+    ),
+    "sqlite-file": (
+        "CREATE TRIGGER touch_parcel AFTER UPDATE ON parcels_ou FOR EACH ROW"
+        " BEGIN UPDATE parcels_ou SET touched_at = CURRENT_TIMESTAMP WHERE id = NEW.id; END",
+    ),
+}
+
+
+def test_server_onupdate_is_the_databases_own(backend_name: str, store_url: str) -> None:
+    """``server_onupdate`` (a trigger, MySQL's ON UPDATE CURRENT_TIMESTAMP): fencing
+    writes nothing to the column, the database moves it, the record shows it."""
+
+    class Base(orm.DeclarativeBase):
+        pass
+
+    class Parcel(Base):
+        __tablename__ = "parcels_ou"
+        id: orm.Mapped[int] = orm.mapped_column(primary_key=True)
+        version: orm.Mapped[int] = orm.mapped_column()
+        status: orm.Mapped[str] = orm.mapped_column(sqlalchemy.String(20))
+        touched_at: orm.Mapped[datetime.datetime] = orm.mapped_column(
+            sqlalchemy.DateTime, nullable=True, server_onupdate=sqlalchemy.FetchedValue()
+        )
+        __mapper_args__ = {"version_id_col": version}  # noqa: RUF012
+
+    with fencing.open(store_url) as store:
+        store.migrate()
+        engine = _engine_for(backend_name, store_url)
+        try:
+            Base.metadata.create_all(engine)
+            with engine.begin() as conn:
+                for statement in _SERVER_UPDATES[backend_name]:
+                    conn.exec_driver_sql(statement)
+                conn.exec_driver_sql(
+                    "INSERT INTO parcels_ou (id, version, status, touched_at)"
+                    " VALUES (1, 1, 'new', '2000-01-01 00:00:00')"
+                )
+            parcels = store.table(Parcel)
+            out = parcels.commit(parcels.intent(1, "ship"), {"status": "shipped"})
+            assert isinstance(out, Committed) and out.record.version == 2
+            assert _at(out.record.state["touched_at"]) > _at(OLD)
+        finally:
+            engine.dispose()
+
+
+def _engine_for(backend_name: str, url: str) -> Any:
+    lender = LENDERS[backend_name]
+    return sqlalchemy.create_engine(lender.sa_url(url), **lender.sa_options(url))
+
+
 def test_what_a_fenced_commit_cannot_do_is_refused(
     backend_name: str, store_url: str, shop: tuple[Any, Any]
 ) -> None:
