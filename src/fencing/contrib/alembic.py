@@ -207,11 +207,12 @@ def _offline(op: Migration | Connection) -> Any:
 
 def _write(context: Any, statements: Sequence[str]) -> None:
     """Write ``statements`` into the migration's SQL script, each ended as Alembic ends
-    its own; one with a ``BEGIN ... END`` body on MySQL between ``DELIMITER`` lines."""
+    its own; on MySQL one with a ``;`` inside (a trigger's ``BEGIN ... END`` body) between
+    ``DELIMITER`` lines, as the ``mysql`` client reads it."""
     end = context.impl.command_terminator
     mysql = _dialect(context.dialect, None) == "mysql"
     for statement in statements:
-        if mysql and " BEGIN " in statement:
+        if mysql and ";" in statement:
             context.impl.static_output(f"DELIMITER //\n{statement}//\nDELIMITER {end}")
         else:
             context.impl.static_output(statement + end)
