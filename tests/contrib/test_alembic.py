@@ -36,6 +36,7 @@ from fencing._errors import ConfigurationError  # noqa: E402
 from fencing.contrib.alembic import (  # noqa: E402
     downgrade_fencing,
     exclude_fencing,
+    guard_table,
     include_name,
     include_object,
     upgrade_fencing,
@@ -481,6 +482,31 @@ def test_a_migration_creates_a_table_and_guards_it(site: Site, tmp_path: Path) -
         assert not _guard_function(site)
     command.downgrade(env.config, "base")
     assert site.fencing_tables() == set()
+
+
+@pytest.fixture
+def pg_site(tmp_path: Path) -> Iterator[Site]:
+    yield from _pg_site(tmp_path, own_schema=False)
+
+
+def test_the_migrations_connection_sees_the_table_fencings_own_does_not(pg_site: Site) -> None:
+    """Why guard_table takes ``op``: in the migration's transaction (PostgreSQL's DDL is
+    transactional), the table it created is not there for fencing's own connections (the
+    natural attempt, store.guard_table, fails); on the migration's connection it is."""
+    site = pg_site
+    with fencing.open(site.fencing_url) as store, site.engine().begin() as conn:
+        op = Operations(MigrationContext.configure(conn))
+        op.create_table(
+            "items",
+            sqlalchemy.Column("id", sqlalchemy.Integer, primary_key=True),
+            sqlalchemy.Column("version", sqlalchemy.Integer, nullable=False),
+        )
+        with pytest.raises(fencing.SchemaError, match="does not exist"):
+            store.guard_table("items")
+        guard_table(op, "items")
+        conn.exec_driver_sql("INSERT INTO items (id, version) VALUES (1, 1)")
+        conn.exec_driver_sql("UPDATE items SET id = 1")
+        assert conn.exec_driver_sql("SELECT version FROM items").scalar_one() == 2
 
 
 def _sql(env: Environment, *args: Any, down: bool = False) -> str:
