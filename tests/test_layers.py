@@ -32,7 +32,7 @@ LAYERS: list[tuple[int, str]] = [
     (0, r"fencing\.(_errors|_flow|_observe|_runner|_types|_validate)"),
     (
         1,
-        r"fencing\.(_values|_rules|_effects|_outbox|_signing|_reconcile|_request|_url|_checks|_borrow)",
+        r"fencing\.(_values|_rules|_effects|_outbox|_signing|_reconcile|_request|_url|_checks|_borrow|_onupdate)",
     ),
     (2, r"fencing\._policy"),
     (3, r"fencing\.backends(\.(_contract|_abase|_base|_abound|_bound|_pool))?"),

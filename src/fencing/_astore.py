@@ -24,7 +24,6 @@ from ._checks import (
     found_effect,
     guard_target,
     key_query,
-    mapped_binders,
     pending_query,
     reconcile_query,
     row_key,
@@ -58,7 +57,7 @@ from ._request import LeaseAnswer, Target
 from ._runner import current_loop, maybe_await, sleep_async
 from ._storebase import StoreOptions, TargetBase, lease_event
 from ._validate import check_column, check_name, check_table, mapped_table
-from ._values import Intent, Outcome, Record
+from ._values import Committed, Intent, Outcome, Record
 from .backends._contract import AsyncBackend
 
 __all__ = ["AsyncCollection", "AsyncLease", "AsyncLeaseContext", "AsyncStore", "AsyncTable"]
@@ -86,9 +85,7 @@ class _AsyncOps(TargetBase):
         """This collection or table on ``store.using(connection)``: its reads and
         commits run on your connection or session, inside your transaction."""
         view = self._store.using(connection)
-        front: Self = view._front(type(self), self.target, self._declared)
-        if self._binders:
-            front._binders = self._binders
+        front: Self = view._front(type(self), self.target, self._declared, self._mapped)
         return front
 
     async def get(self, key: str | int) -> Record | None:
@@ -119,7 +116,7 @@ class _AsyncOps(TargetBase):
         front = self
         if session is not None and self._store._parent is None:
             view = self._store._session_view(session)
-            front = view._front(type(self), self.target, self._declared)
+            front = view._front(type(self), self.target, self._declared, self._mapped)
         return await front.intent(self._key(key), transition, guard=guard)
 
     async def commit(
@@ -133,8 +130,16 @@ class _AsyncOps(TargetBase):
         if HUB.on or log.isEnabledFor(LEVEL[outcome.committed]):
             self._report("commit", outcome, started, lease)
         if outcome.committed:
+            if self._hooks:
+                await self._committed(outcome)
             return outcome
         return await self._settled(outcome)
+
+    async def _committed(self, outcome: Outcome) -> None:
+        """Run the ``on_committed`` hooks on a ``Committed`` outcome."""
+        if isinstance(outcome, Committed):
+            for hook in tuple(self._hooks):
+                await maybe_await(hook(outcome, self._store._via))
 
     async def _settled(self, outcome: Outcome) -> Outcome:
         """Settle the intent's effects if ``outcome`` ended it uncommitted."""
@@ -160,6 +165,9 @@ class _AsyncOps(TargetBase):
         for o in outcomes:
             if HUB.on or log.isEnabledFor(LEVEL[o.committed]):
                 self._report("commit_many", o, started, lease)
+        if self._hooks:
+            for o in outcomes:
+                await self._committed(o)
         return [o if o.committed else await self._settled(o) for o in outcomes]
 
     async def apply(
@@ -207,6 +215,8 @@ class _AsyncOps(TargetBase):
         outcome = self._seen(await adrive(apply_flow(probe.intent, policy), handle), lease)
         if HUB.on or log.isEnabledFor(LEVEL[outcome.committed]):
             self._report("apply", outcome, started, lease)
+        if self._hooks:
+            await self._committed(outcome)
         return outcome
 
     # -- effects ------------------------------------------------------------------
@@ -279,6 +289,7 @@ class AsyncStore:
     ) -> None:
         self.backend = backend
         self._parent = parent  # the store a view of ``using()`` belongs to
+        self._via: object = None  # the connection a view of ``using()`` was given
         self._closed = False
         self._loop = current_loop()  # the loop that opened it (None: a sync store)
         self.url = url
@@ -332,6 +343,7 @@ class AsyncStore:
             )
         view = AsyncStore(bind(borrow_async(connection)), self.url, self.options, parent=self)
         view._loop = self._loop
+        view._via = connection
         return view
 
     @property
@@ -368,9 +380,9 @@ class AsyncStore:
         its name with its schema, its primary key as ``key`` (one column), the mapper's
         ``version_id_col`` as ``version`` when it has one (see docs/sqlalchemy.md).
         """
-        binders = None
+        mapped = None
         if not isinstance(name, str):
-            binders = mapped_binders(name)
+            mapped = name  # its columns bind and update as SQLAlchemy's would
             name, key, version = mapped_table(name, version)
         target = Target(
             "table",
@@ -378,20 +390,26 @@ class AsyncStore:
             check_column(key, "key column"),
             None if version is None else check_column(version, "version column"),
         )
-        front: AsyncTable = self._front(AsyncTable, target, check_declared(target, columns))
-        if binders:  # a mapped class's columns bind as SQLAlchemy binds them
-            front._binders = binders
+        front: AsyncTable = self._front(AsyncTable, target, check_declared(target, columns), mapped)
         return front
 
-    def _front(self, cls: type[Any], target: Target, declared: frozenset[str] | None = None) -> Any:
+    def _front(
+        self,
+        cls: type[Any],
+        target: Target,
+        declared: frozenset[str] | None = None,
+        mapped: object = None,
+    ) -> Any:
         self._check_open()
         with self._lock:
-            front = self._fronts.get((cls, target, declared))
+            front = self._fronts.get((cls, target, declared, mapped))
             if front is None:
-                front = cls(self, self.options, target, declared)
+                front = cls(self, self.options, target, declared, mapped)
                 if self._parent is not None:  # a view knows what its store knows
-                    front._columns = self._parent._front(cls, target, declared)._columns
-                self._fronts[(cls, target, declared)] = front
+                    known = self._parent._front(cls, target, declared, mapped)
+                    front._columns = known._columns
+                    front._hooks = known._hooks
+                self._fronts[(cls, target, declared, mapped)] = front
             return front
 
     def _session_view(self, session: object) -> AsyncStore:
@@ -407,7 +425,7 @@ class AsyncStore:
     def _learned(self, front: _AsyncOps) -> None:
         """A view's front read its table's columns: its store knows them from now on."""
         if self._parent is not None:
-            known = self._parent._front(type(front), front.target, front._declared)
+            known = self._parent._front(type(front), front.target, front._declared, front._mapped)
             if known._columns is None:
                 known._columns = front._columns
 

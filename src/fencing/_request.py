@@ -85,6 +85,12 @@ class CommitRequest:
     the front made it (a collection's state); a table's state is flat column values
     that most backends bind one by one, so its JSON is made only if a backend asks
     for ``state_json``.
+
+    ``sql_values`` are a table's columns the database computes in the commit's own
+    UPDATE, as ``(column, sql)``: a mapped column's SQL ``onupdate`` (``func.now()``),
+    rendered in the store's dialect by ``_onupdate`` (application code, never input).
+    A SQL backend writes ``column = sql`` after the state's columns; no other store
+    gets one.
     """
 
     target: Target
@@ -92,6 +98,7 @@ class CommitRequest:
     state: Mapping[str, Any]
     json_text: str | None
     lease: LeaseRef | None = None
+    sql_values: tuple[tuple[str, str], ...] = ()
 
     @property
     def state_json(self) -> str:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from ._checks import Binder, bind_mapped
+from ._checks import Binder, bind_mapped, mapped_binders
 from ._effects import (
     Effect,
     EffectQuery,
@@ -31,16 +31,22 @@ from ._errors import (
     SchemaError,
 )
 from ._observe import HUB, Event, now_ns
+from ._onupdate import Updates, mapped_updates
 from ._request import CommitRequest, CommitResult, LeaseAnswer, Target, outcome_for
 from ._rules import LeaseRef, LeaseRow, check_ttl
 from ._types import column_value, decimal_chars, state_size
 from ._validate import check_column, check_key, check_name, dump_state, is_unicode
-from ._values import Fenced, Intent, Outcome, Record
+from ._values import Committed, Fenced, Intent, Outcome, Record
 
 if TYPE_CHECKING:
     from ._values import Kind
 
-__all__ = ["LeaseBase", "StoreOptions", "TargetBase", "lease_event"]
+__all__ = ["CommittedHook", "LeaseBase", "StoreOptions", "TargetBase", "lease_event"]
+
+#: ``hook(outcome, connection)``: called after each ``Committed`` outcome of a collection
+#: or table (``on_committed``); ``connection`` is what ``store.using()`` was given, or None
+#: on the store's own connections. An async store's hook may be a coroutine function.
+CommittedHook = Callable[[Committed, Any], Any]
 
 MAX_BATCH = 10_000
 MAX_EFFECTS = 10_000  # listed per intent
@@ -61,8 +67,11 @@ class TargetBase:
         "_binders",
         "_columns",
         "_declared",
+        "_hooks",
+        "_mapped",
         "_options",
         "_store",
+        "_updates",
         "_writable",
         "name",
         "target",
@@ -74,6 +83,7 @@ class TargetBase:
         options: StoreOptions,
         target: Target,
         declared: frozenset[str] | None = None,
+        mapped: object = None,
     ) -> None:
         self._store = store
         self._declared = declared  # the columns given to store.table(columns=...)
@@ -83,7 +93,15 @@ class TargetBase:
         self._columns: frozenset[str] | None = None
         self._writable: frozenset[str] = frozenset()  # columns a state was allowed to set
         # a mapped class's columns whose type binds a value as another (``mapped_binders``)
+        # and its columns' onupdate rules (``_onupdate``), for this store's dialect
+        self._mapped = mapped
         self._binders: Mapping[str, Binder] = {}
+        self._updates: Updates | None = None
+        if mapped is not None:
+            self._binders = mapped_binders(mapped)
+            managed = (target.key_column, target.version_column)
+            self._updates = mapped_updates(mapped, _scheme(store), managed)
+        self._hooks: list[CommittedHook] = []  # shared with the fronts of the store's views
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -101,6 +119,22 @@ class TargetBase:
         backend = getattr(_root(self._store), "backend", None)
         own = getattr(backend, "record_lease_name", None)
         return f"{self.name}/{checked}" if own is None else str(own(self.target, checked))
+
+    def on_committed(self, hook: CommittedHook) -> CommittedHook:
+        """Call ``hook(outcome, connection)`` after each commit of this collection or
+        table that comes back ``Committed`` (``commit``, ``commit_many``, ``apply``),
+        on this store and on its views (``store.using(connection)``), before the call
+        returns: what a mapper's ``after_update`` event would have done, since a fenced
+        commit does not go through the ORM's unit of work. ``connection`` is the one
+        given to ``store.using()`` (your session: what the hook writes there commits
+        or rolls back with the fenced commit), or None on the store's own connections,
+        where the commit is already durable. An exception from the hook propagates to
+        the caller (the commit stands on the store's own connections). Returns
+        ``hook``, so it works as a decorator. See docs/sqlalchemy.md."""
+        if not callable(hook):
+            raise InvalidInput(f"on_committed takes a callable, not {type(hook).__name__}")
+        self._hooks.append(hook)
+        return hook
 
     def _key(self, key: object) -> str | int:
         key = check_key(key)
@@ -256,6 +290,8 @@ class TargetBase:
         checked = self._check_intent(intent)
         ref = None if lease is None else self._lease_ref(lease)
         if self.target.kind == "table":
+            if self._updates is not None and isinstance(state, Mapping):
+                return self._updated(checked, state, self._updates, ref)
             # flat column values, checked in full here; their JSON only if a backend asks
             if type(state) is dict:
                 state = bind_mapped(self._binders, state)
@@ -266,6 +302,20 @@ class TargetBase:
         text = self._state_json(state)
         assert isinstance(state, Mapping)
         return CommitRequest(self.target, checked, state, text, ref)
+
+    def _updated(
+        self, intent: Intent, state: Mapping[str, Any], updates: Updates, ref: LeaseRef | None
+    ) -> CommitRequest:
+        """A mapped table's request: the state, and its onupdate rules for the columns
+        it leaves out (``_onupdate``), as the ORM applies them to the UPDATE it flushes."""
+        if not state:
+            raise InvalidState(f"a commit to table {self.name!r} must set at least one column")
+        filled, sql = updates.fill(state)
+        flat = self._check_columns(dict(bind_mapped(self._binders, filled)))
+        for column, _ in sql:
+            if column not in self._writable:
+                self._admit(column)
+        return CommitRequest(self.target, intent, flat, None, ref, sql)
 
     def _probe_request(self, intent: object, lease: object) -> CommitRequest:
         checked = self._check_intent(intent)

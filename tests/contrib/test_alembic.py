@@ -11,6 +11,7 @@ MySQL site in a database of its own, all dropped afterwards.
 from __future__ import annotations
 
 import importlib
+import io
 import textwrap
 import uuid
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ from fencing._errors import ConfigurationError  # noqa: E402
 from fencing.contrib.alembic import (  # noqa: E402
     downgrade_fencing,
     exclude_fencing,
+    guard_table,
     include_name,
     include_object,
     upgrade_fencing,
@@ -85,23 +87,32 @@ def only_ours(name, type_, parent_names):  # the application's own include_name 
     return type_ != "schema" or name is None or name in SCHEMAS
 
 
-engine = create_engine(config.get_main_option("sqlalchemy.url"), poolclass=NullPool)
-with engine.connect() as connection:
+if context.is_offline_mode():  # alembic upgrade --sql
     context.configure(
-        connection=connection,
+        url=config.get_main_option("sqlalchemy.url"),
         target_metadata=metadata,
-        include_schemas=bool(SCHEMAS),
-        **exclude_fencing(include_name=only_ours),
+        literal_binds=True,
     )
     with context.begin_transaction():
         context.run_migrations()
+else:
+    engine = create_engine(config.get_main_option("sqlalchemy.url"), poolclass=NullPool)
+    with engine.connect() as connection:
+        context.configure(
+            connection=connection,
+            target_metadata=metadata,
+            include_schemas=bool(SCHEMAS),
+            **exclude_fencing(include_name=only_ours),
+        )
+        with context.begin_transaction():
+            context.run_migrations()
 """
 
 MIGRATION = """\
 import sqlalchemy as sa
 from alembic import op
 
-from fencing.contrib.alembic import downgrade_fencing, upgrade_fencing
+from fencing.contrib.alembic import downgrade_fencing, guard_table, unguard_table, upgrade_fencing
 
 revision = {revision!r}
 down_revision = {down!r}
@@ -258,12 +269,12 @@ class Environment:
             f"sqlalchemy.url = {site.sa_url.replace('%', '%%')}\n"
         )
         self.config = Config(str(ini))
-        schema = f"schema={site.schema!r}" if site.schema else ""
+        schema = f", schema={site.schema!r}" if site.schema else ""
         self.add(
             "0001",
             None,
-            f"{CREATE_ORDERS}\n    upgrade_fencing(op, {schema})",
-            f"    downgrade_fencing(op, {schema})\n    op.drop_table('orders')",
+            f"{CREATE_ORDERS}\n    upgrade_fencing(op, offline_from=0{schema})",
+            f"    downgrade_fencing(op{schema})\n    op.drop_table('orders')",
         )
 
     def add(self, revision: str, down: str | None, upgrade: str, downgrade: str) -> None:
@@ -412,6 +423,166 @@ def test_a_schema_4_outbox_gains_its_dead_rows_through_the_operation(
     assert site.fencing_tables() == set()
 
 
+# -- a table's guard trigger in the migration that creates the table ----------------------
+CREATE_ITEMS = """\
+    op.create_table(
+        "items",
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("version", sa.Integer, nullable=False),
+        sa.Column("status", sa.String(40)),
+    )
+    guard_table(op, "items")"""
+
+
+def _guarded_chain(env: Environment) -> None:
+    """0002 creates ``items`` and guards it in one revision; 0003 removes the guard."""
+    env.add(
+        "0002", "0001", CREATE_ITEMS, "    unguard_table(op, 'items')\n    op.drop_table('items')"
+    )
+    env.add("0003", "0002", "    unguard_table(op, 'items')", "    guard_table(op, 'items')")
+
+
+def _bumps(site: Site) -> bool:
+    """Whether an UPDATE of ``items`` row 1 that leaves its version alone moves it."""
+    with site.engine().begin() as conn:
+        before = conn.exec_driver_sql("SELECT version FROM items WHERE id = 1").scalar_one()
+        conn.exec_driver_sql("UPDATE items SET status = 'blind' WHERE id = 1")
+        after = conn.exec_driver_sql("SELECT version FROM items WHERE id = 1").scalar_one()
+    return bool(after == before + 1)
+
+
+def _add_item(site: Site) -> None:
+    with site.engine().begin() as conn:
+        conn.exec_driver_sql("INSERT INTO items (id, version, status) VALUES (1, 1, 'new')")
+
+
+def _guard_function(site: Site) -> bool:
+    """PostgreSQL: whether the guard's function is there (the search path's schema)."""
+    with site.engine().connect() as conn:
+        found = conn.exec_driver_sql("SELECT to_regprocedure('fencing_guard_items()')")
+        return found.scalar_one() is not None
+
+
+def test_a_migration_creates_a_table_and_guards_it(site: Site, tmp_path: Path) -> None:
+    env = Environment(site, tmp_path / "migrations")
+    _guarded_chain(env)
+    command.upgrade(env.config, "0002")  # the table and its guard, in one revision
+    _add_item(site)
+    assert _bumps(site)
+    command.upgrade(env.config, "head")  # 0003: unguarded
+    assert not _bumps(site)
+    if site.name == "postgresql":
+        assert not _guard_function(site)
+    command.downgrade(env.config, "0002")  # guarded again
+    assert _bumps(site)
+    command.downgrade(env.config, "0001")
+    with site.engine().connect() as conn:
+        assert "items" not in sqlalchemy.inspect(conn).get_table_names()
+    if site.name == "postgresql":
+        assert not _guard_function(site)
+    command.downgrade(env.config, "base")
+    assert site.fencing_tables() == set()
+
+
+@pytest.fixture
+def pg_site(tmp_path: Path) -> Iterator[Site]:
+    yield from _pg_site(tmp_path, own_schema=False)
+
+
+def test_the_migrations_connection_sees_the_table_fencings_own_does_not(pg_site: Site) -> None:
+    """Why guard_table takes ``op``: in the migration's transaction (PostgreSQL's DDL is
+    transactional), the table it created is not there for fencing's own connections (the
+    natural attempt, store.guard_table, fails); on the migration's connection it is."""
+    site = pg_site
+    with fencing.open(site.fencing_url) as store, site.engine().begin() as conn:
+        op = Operations(MigrationContext.configure(conn))
+        op.create_table(
+            "items",
+            sqlalchemy.Column("id", sqlalchemy.Integer, primary_key=True),
+            sqlalchemy.Column("version", sqlalchemy.Integer, nullable=False),
+        )
+        with pytest.raises(fencing.SchemaError, match="does not exist"):
+            store.guard_table("items")
+        guard_table(op, "items")
+        conn.exec_driver_sql("INSERT INTO items (id, version) VALUES (1, 1)")
+        conn.exec_driver_sql("UPDATE items SET id = 1")
+        assert conn.exec_driver_sql("SELECT version FROM items").scalar_one() == 2
+
+
+def _sql(env: Environment, *args: Any, down: bool = False) -> str:
+    """What ``alembic upgrade --sql`` (or ``downgrade --sql``) writes out."""
+    buffer = io.StringIO()
+    env.config.output_buffer = buffer
+    (command.downgrade if down else command.upgrade)(env.config, *args, sql=True)
+    return buffer.getvalue()
+
+
+def _run_script(site: Site, script: str) -> None:
+    """Run an offline migration's script as a client would: statement by statement, the
+    script's own BEGIN / COMMIT included (the driver in autocommit mode); a MySQL
+    ``DELIMITER //`` block as the one statement it holds."""
+    raw = site.engine().raw_connection()
+    try:
+        driver = raw.driver_connection
+        if site.name == "mysql":
+            driver.autocommit(True)
+        elif site.name == "postgresql":
+            driver.autocommit = True
+        else:
+            driver.isolation_level = None
+        cursor = driver.cursor()
+        for chunk in script.split(";\n\n"):
+            lines = [line for line in chunk.splitlines() if not line.startswith("--")]
+            statement = "\n".join(lines).strip()
+            if statement.startswith("DELIMITER //"):
+                statement = statement.split("\n", 1)[1].split("//\nDELIMITER", 1)[0]
+            if statement:
+                cursor.execute(statement)
+        cursor.close()
+    finally:
+        raw.close()
+
+
+def test_offline_migrations_write_the_ddl_a_database_runs(site: Site, tmp_path: Path) -> None:
+    env = Environment(site, tmp_path / "migrations")
+    _guarded_chain(env)
+    script = _sql(env, "0002")  # from nothing: fencing's tables, the table, its guard
+    assert "CREATE TABLE IF NOT EXISTS" in script and "fencing_records" in script
+    assert script.count("fencing_guard_items") >= 2, script
+    assert site.fencing_tables() == set()  # written out, not run
+    _run_script(site, script)
+    assert site.fencing_tables() == tables_of(site.name)
+    with fencing.open(site.fencing_url, migrate="check") as store:  # at this version
+        assert store.collection("orders").create("o-1", {"n": 1}).version == 1
+    _add_item(site)
+    assert _bumps(site)
+    _run_script(site, _sql(env, "0002:head"))
+    assert not _bumps(site)
+    _run_script(site, _sql(env, "head:base", down=True))
+    assert site.fencing_tables() == set()
+    with site.engine().connect() as conn:
+        assert "items" not in sqlalchemy.inspect(conn).get_table_names()
+
+
+def test_offline_upgrade_from_a_known_version(site: Site, tmp_path: Path) -> None:
+    """A database at fencing schema 4 (an outbox without its dead rows): the script of
+    upgrade_fencing(op, offline_from=4) brings it to this version."""
+    from ..test_outbox_dead import _V4
+
+    env = Environment(site, tmp_path / "migrations")
+    command.upgrade(env.config, "head")
+    site.run_in_fencing_schema(*_V4[site.name], "UPDATE fencing_schema SET version = 4")
+    schema = f", schema={site.schema!r}" if site.schema else ""
+    env.add("0002", "0001", f"    upgrade_fencing(op, offline_from=4{schema})", "    pass")
+    _run_script(site, _sql(env, "0001:0002"))
+    current = _current_schema(site.name)
+    assert site.run_in_fencing_schema("SELECT version FROM fencing_schema") == [[(current,)]]
+    (found,) = site.run_in_fencing_schema("SELECT strikes, dead_at FROM fencing_outbox")
+    assert found == []  # the columns are there
+    with fencing.open(site.fencing_url, migrate="check"):
+        pass
+
+
 # -- the hooks and the refusals, without a server ------------------------------------------
 def test_hooks_leave_out_fencing_tables_in_any_schema_and_compose() -> None:
     metadata = sqlalchemy.MetaData()
@@ -462,8 +633,10 @@ def test_operations_refuse_what_they_cannot_do(tmp_path: Path) -> None:
         offline = MigrationContext.configure(
             dialect_name="sqlite", opts={"as_sql": True, "output_buffer": _Sink()}
         )
-        with pytest.raises(ConfigurationError, match="offline"):
+        with pytest.raises(ConfigurationError, match="offline_from=N"):
             upgrade_fencing(Operations(offline))
+        with pytest.raises(ConfigurationError, match="offline_from=9"):
+            upgrade_fencing(Operations(offline), offline_from=9)
     finally:
         engine.dispose()
 
@@ -492,7 +665,7 @@ def test_module_docstring_names_what_exists() -> None:
     import fencing.contrib.alembic as module
 
     doc = textwrap.dedent(module.__doc__ or "")
-    for name in ("upgrade_fencing", "downgrade_fencing", "exclude_fencing"):
+    for name in ("upgrade_fencing", "downgrade_fencing", "exclude_fencing", "guard_table"):
         assert name in doc and hasattr(module, name)
 
 

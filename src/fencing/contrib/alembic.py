@@ -19,6 +19,20 @@ A migration::
     context.configure(connection=connection, target_metadata=target_metadata,
                       **exclude_fencing(include_object=my_own_hook))   # the hook optional
 
+A table's guard trigger (``docs/guard.md``) in the migration that creates the table::
+
+    def upgrade():
+        op.create_table("orders", ...)
+        guard_table(op, "orders")       # version="version", key="id"
+
+    def downgrade():
+        unguard_table(op, "orders")
+        op.drop_table("orders")
+
+Offline (``alembic upgrade --sql``) each operation writes out its static DDL: the guard's
+as it is, fencing's tables' for the schema version the database is known to be at
+(``upgrade_fencing(op, offline_from=0)``: none yet).
+
 ``upgrade_fencing`` runs what ``fencing migrate URL`` runs, the backend package's own
 migrate flow (its ``.sql`` files and upgrades), on the migration's connection and in its
 transaction: PostgreSQL (fencing's tables in ``schema``, as the store URL's
@@ -36,8 +50,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from .._checks import guard_target
 from .._errors import ConfigurationError, InvalidIdentifier, MissingDependency
 from .._flow import drive
+from .._request import Target
 from .._validate import check_column
 
 try:
@@ -52,9 +68,11 @@ __all__ = [
     "PREFIX",
     "downgrade_fencing",
     "exclude_fencing",
+    "guard_table",
     "include_name",
     "include_object",
     "is_fencing_table",
+    "unguard_table",
     "upgrade_fencing",
 ]
 
@@ -67,17 +85,30 @@ class Migration(Protocol):
 
     def get_bind(self) -> Connection: ...
 
+    def get_context(self) -> Any: ...
+
 
 IncludeObject = Callable[[Any, str | None, str, bool, Any], bool]
 IncludeName = Callable[[str | None, str, Mapping[str, str | None]], bool]
 
 
 # -- the operations ------------------------------------------------------------------------
-def upgrade_fencing(op: Migration | Connection, *, schema: str | None = None) -> None:
+def upgrade_fencing(
+    op: Migration | Connection, *, schema: str | None = None, offline_from: int | None = None
+) -> None:
     """Create fencing's tables, or upgrade them to this fencing's schema version, on the
     migration's connection, in its transaction (``SchemaError`` if they are newer).
     ``schema`` (PostgreSQL only): the schema for fencing's tables, created if missing,
-    as the store URL's ``?schema=``."""
+    as the store URL's ``?schema=``.
+
+    Offline (``alembic upgrade --sql``), nothing can be read: ``offline_from`` says the
+    fencing schema version the database is at when the migration runs (0: no fencing
+    tables), and the DDL from there is written out; without it, refused. Online it is
+    not used: the version is read."""
+    offline = _offline(op)
+    if offline is not None:
+        _write(offline, _upgrade_ddl(offline, schema, offline_from))
+        return
     bind = _bind(op)
     dialect = _dialect(bind, schema)
     if dialect == "postgresql":
@@ -96,38 +127,158 @@ def upgrade_fencing(op: Migration | Connection, *, schema: str | None = None) ->
 
 def downgrade_fencing(op: Migration | Connection, *, schema: str | None = None) -> None:
     """Drop fencing's tables (and their data) on the migration's connection; the
-    PostgreSQL ``schema`` itself stays (it may hold more than fencing's tables)."""
-    bind = _bind(op)
-    dialect = _dialect(bind, schema)
+    PostgreSQL ``schema`` itself stays (it may hold more than fencing's tables).
+    Offline, the same statements are written out."""
+    offline = _offline(op)
+    dialect = _dialect(offline.dialect if offline is not None else _bind(op), schema)
     if dialect == "postgresql":
         from ..backends.postgres.schema import TABLES
     elif dialect == "mysql":
         from ..backends.mysql.schema import TABLES
     else:
         from ..backends.sqlite.schema import TABLES
-    quote = bind.dialect.identifier_preparer
+    quote = (offline.dialect if offline is not None else _bind(op).dialect).identifier_preparer
     where = f"{quote.quote_schema(schema)}." if schema is not None else ""
-    for name in reversed(TABLES):
-        bind.execute(text(f"DROP TABLE IF EXISTS {where}{quote.quote(name)}"))
+    drops = [f"DROP TABLE IF EXISTS {where}{quote.quote(name)}" for name in reversed(TABLES)]
     if dialect == "postgresql":  # the outbox's claim tokens (schema 4)
-        bind.execute(text(f"DROP SEQUENCE IF EXISTS {where}fencing_outbox_claim"))
+        drops.append(f"DROP SEQUENCE IF EXISTS {where}fencing_outbox_claim")
+    if offline is not None:
+        _write(offline, drops)
+        return
+    for drop in drops:
+        _bind(op).execute(text(drop))
+
+
+def guard_table(
+    op: Migration | Connection, name: str, *, version: str = "version", key: str = "id"
+) -> None:
+    """Install the guard trigger ``fencing_guard_<name>`` on a table (``docs/guard.md``;
+    as ``store.guard_table``, the same DDL) on the migration's own connection, so a table
+    the same migration just created is there to guard. ``name`` may be
+    ``schema.table``. Idempotent; offline, its DDL is written out."""
+    _guard(op, guard_target(name, key, version), install=True)
+
+
+def unguard_table(op: Migration | Connection, name: str) -> None:
+    """Remove the guard trigger from a table (fine if there is none), on the migration's
+    own connection; offline, its DDL is written out."""
+    _guard(op, guard_target(name, "id", "version"), install=False)
+
+
+def _guard(op: Migration | Connection, target: Target, *, install: bool) -> None:
+    offline = _offline(op)
+    if offline is not None:
+        _write(offline, _guard_ddl(_dialect(offline.dialect, None), target, install))
+        return
+    bind = _bind(op)
+    dialect = _dialect(bind, None)
+    if dialect == "postgresql":
+        from ..backends.postgres import guard as pg_guard
+
+        flow = pg_guard.install(target) if install else pg_guard.remove(target)
+        drive(flow, _PostgresSteps(bind, None).run)
+    elif dialect == "mysql":
+        from ..backends.mysql.flows import MySQLFlows
+
+        flows = MySQLFlows()
+        drive(
+            flows.guard_table(target) if install else flows.unguard_table(target),
+            _MySQLSteps(bind).run,
+        )
+    else:
+        from ..backends.sqlite.flows import SQLiteFlows
+
+        sqlite = SQLiteFlows()
+        drive(
+            sqlite.guard_table(target) if install else sqlite.unguard_table(target),
+            _SQLiteSteps(bind).run,
+        )
+
+
+# -- offline (``alembic upgrade --sql``): static DDL written out ---------------------------
+def _offline(op: Migration | Connection) -> Any:
+    """The migration context of an offline migration, else None."""
+    if isinstance(op, Connection):
+        return None
+    get_context = getattr(op, "get_context", None)
+    context = get_context() if get_context is not None else None
+    return context if getattr(context, "as_sql", False) else None
+
+
+def _write(context: Any, statements: Sequence[str]) -> None:
+    """Write ``statements`` into the migration's SQL script, each ended as Alembic ends
+    its own; on MySQL one with a ``;`` inside (a trigger's ``BEGIN ... END`` body) between
+    ``DELIMITER`` lines, as the ``mysql`` client reads it."""
+    end = context.impl.command_terminator
+    mysql = _dialect(context.dialect, None) == "mysql"
+    for statement in statements:
+        if mysql and ";" in statement:
+            context.impl.static_output(f"DELIMITER //\n{statement}//\nDELIMITER {end}")
+        else:
+            context.impl.static_output(statement + end)
+
+
+def _upgrade_ddl(context: Any, schema: str | None, offline_from: int | None) -> list[str]:
+    dialect = _dialect(context.dialect, schema)
+    if offline_from is None or isinstance(offline_from, bool) or not isinstance(offline_from, int):
+        raise ConfigurationError(
+            "fencing.contrib.alembic: an offline (--sql) upgrade_fencing cannot read the"
+            " schema version it upgrades from: say it, upgrade_fencing(op, offline_from=N)"
+            " (0: no fencing tables yet), or run the migration online"
+        )
+    stored = offline_from or None
+    if dialect == "postgresql":
+        from ..backends.postgres import schema as pg_schema
+        from ..backends.postgres.statements import qualified
+
+        _check_from(offline_from, pg_schema.SCHEMA_VERSION)
+        return [qualified(t, schema) for t in pg_schema.upgrade_ddl(stored, schema)]
+    if dialect == "mysql":
+        from ..backends.mysql import schema as mysql_schema
+
+        _check_from(offline_from, mysql_schema.SCHEMA_VERSION)
+        return list(mysql_schema.upgrade_ddl(stored))
+    from ..backends.sqlite import schema as sqlite_schema
+
+    _check_from(offline_from, sqlite_schema.SCHEMA_VERSION)
+    return list(sqlite_schema.upgrade_ddl(stored))
+
+
+def _check_from(offline_from: int, current: int) -> None:
+    if not 0 <= offline_from <= current:
+        raise ConfigurationError(
+            f"fencing.contrib.alembic: offline_from={offline_from}: this fencing knows its"
+            f" schema versions 1 to {current} (0: no fencing tables)"
+        )
+
+
+def _guard_ddl(dialect: str, target: Target, install: bool) -> tuple[str, ...]:
+    """A guard's static DDL: what ``store.guard_table`` would run where nothing is read
+    (PostgreSQL: the function in the table's schema as named, or where the search path
+    makes it; the trigger dropped and created again, as on any version)."""
+    if dialect == "postgresql":
+        from ..backends.postgres import guard as pg_guard
+
+        schema = target.name.rpartition(".")[0] or None
+        if install:
+            return pg_guard.install_ddl(target, schema, replace=False)
+        return pg_guard.remove_ddl(target, schema)
+    if dialect == "mysql":
+        from ..backends.mysql import guard as mysql_guard
+
+        return mysql_guard.install_ddl(target) if install else (mysql_guard.remove_ddl(target),)
+    from ..backends.sqlite import guard as sqlite_guard
+
+    return sqlite_guard.install_ddl(target) if install else sqlite_guard.remove_ddl(target)
 
 
 def _bind(op: Migration | Connection) -> Connection:
-    if isinstance(op, Connection):
-        return op
-    context = getattr(op, "get_context", None)
-    if context is not None and getattr(context(), "as_sql", False):
-        raise ConfigurationError(
-            "fencing.contrib.alembic: offline (--sql) migrations are not supported: fencing's"
-            " upgrade reads the schema version it finds; run the migration online, or"
-            " `fencing migrate URL` beside it"
-        )
-    return op.get_bind()
+    return op if isinstance(op, Connection) else op.get_bind()
 
 
-def _dialect(bind: Connection, schema: str | None) -> str:
-    name = bind.dialect.name
+def _dialect(bind: Any, schema: str | None) -> str:
+    """The fencing backend of a connection's dialect (or of a dialect itself)."""
+    name = getattr(bind, "dialect", bind).name
     name = "mysql" if name == "mariadb" else name
     if name not in ("postgresql", "mysql", "sqlite"):
         raise ConfigurationError(

@@ -10,7 +10,7 @@ from ..._errors import SchemaError, StoreNotMigrated
 from ..._flow import Flow
 from .steps import Result, Script
 
-__all__ = ["DDL", "SCHEMA_VERSION", "TABLES", "check", "migrate"]
+__all__ = ["DDL", "SCHEMA_VERSION", "TABLES", "check", "migrate", "upgrade_ddl"]
 
 # 2: fencing_effects (1 -> 2 only added a table);
 # 3: an applied intent is keyed by (scope, intent_id, key_text): an id names work on one key;
@@ -88,6 +88,24 @@ def migrate() -> Flow[None]:
             script.add(_DEAD_ROWS)
         script.add(_SCHEMA_BUMP, SCHEMA_VERSION, SCHEMA_VERSION)
         yield script.batch()
+
+
+def upgrade_ddl(stored: int | None) -> tuple[str, ...]:
+    """The static DDL of ``migrate`` on a database whose fencing schema is known to be at
+    version ``stored`` (None: no fencing tables), for an offline migration to write
+    out: the statements ``migrate`` runs, each step as it decides it there (an outbox
+    lacks its dead rows' columns at versions 4 and 5 only: one made now has them)."""
+    version = str(SCHEMA_VERSION)
+    texts = [*DDL, _SCHEMA_ROW.replace("%s", version)]
+    if stored is not None and stored < SCHEMA_VERSION:
+        if stored < 3:
+            texts.append(_APPLIED_BY_KEY)
+        if stored == 4:
+            texts.append(_OUTBOX_COVERING)
+        if stored in (4, 5):
+            texts.append(_DEAD_ROWS)
+        texts.append(_SCHEMA_BUMP.replace("%s", version))
+    return tuple(texts)
 
 
 _HAS_SCHEMA_TABLE: Final = (

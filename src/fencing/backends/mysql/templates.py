@@ -97,12 +97,14 @@ class _Shape(NamedTuple):
     versioned: bool  # whether the version is checked
     guard: tuple[tuple[str, bool], ...]  # the guarded columns, and whether each is text
     fenced: bool
+    sql_values: tuple[tuple[str, str], ...]  # columns the database computes (onupdate)
 
 
 def _table_update_sql(target: Target, shape: _Shape) -> str:
     """The conditional UPDATE of a user table for one shape of request."""
-    columns, text_key, versioned, guard, fenced = shape
+    columns, text_key, versioned, guard, fenced, sql_values = shape
     sets = [f"{quote(c)} = %s" for c in columns]
+    sets += [f"{quote(c)} = {expression}" for c, expression in sql_values]
     where = [_key_sql(target, text_key)]
     if target.version_column:
         v = quote(target.version_column)
@@ -205,7 +207,12 @@ def add_commit(script: Script, request: CommitRequest) -> Slots:
         versioned = bool(target.version_column) and intent.expected_version is not None
         guarded = tuple((c, isinstance(v, str)) for c, v in guard.items())
         shape = _Shape(
-            tuple(request.state), isinstance(key, str), versioned, guarded, lease is not None
+            tuple(request.state),
+            isinstance(key, str),
+            versioned,
+            guarded,
+            lease is not None,
+            request.sql_values,
         )
         template = _table_template(target, shape)
         if lease is not None:

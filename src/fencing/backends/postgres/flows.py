@@ -94,7 +94,9 @@ def _commit_query(request: CommitRequest) -> Query:
     params.update({f"s{i}": v for i, v in enumerate(request.state.values())})
     params.update({f"g{i}": v for i, v in enumerate(guard.values())})
     check = intent.expected_version is not None
-    text = sql.table_commit(target, tuple(request.state), tuple(guard), check, lease is not None)
+    text = sql.table_commit(
+        target, tuple(request.state), tuple(guard), check, lease is not None, request.sql_values
+    )
     return Query(text, params, names=True)
 
 

@@ -24,7 +24,7 @@ from ..._request import Target
 from .statements import quoted
 from .steps import Answer, Pipeline, Query, read_only
 
-__all__ = ["install", "remove"]
+__all__ = ["install", "install_ddl", "remove", "remove_ddl"]
 
 # The table (as the search path finds it), its schema, and whether it has the column.
 _FIND: Final = (
@@ -90,11 +90,36 @@ def _found(target: Target, column: str | None) -> Flow[str | None]:
     return str(schema)
 
 
-def _names(target: Target, schema: str) -> tuple[str, str, str]:
+def _names(target: Target, schema: str | None) -> tuple[str, str, str]:
     """The trigger's name, its function's and the table's, quoted: both named
-    ``fencing_guard_<table>``, in the table's schema."""
-    where, name = quoted(schema), quoted(guard_name(target)[1])
-    return name, f"{where}.{name}", f"{where}.{quoted(target.name.rpartition('.')[2])}"
+    ``fencing_guard_<table>``, in the table's schema (None: unqualified, where the
+    search path finds the table and makes the function)."""
+    name, table = quoted(guard_name(target)[1]), quoted(target.name.rpartition(".")[2])
+    if schema is None:
+        return name, name, table
+    where = quoted(schema)
+    return name, f"{where}.{name}", f"{where}.{table}"
+
+
+def install_ddl(target: Target, schema: str | None, replace: bool) -> tuple[str, ...]:
+    """The statements that (re)create the guard of ``target`` in ``schema``: its
+    function, then its trigger, replaced in place if ``replace`` (PostgreSQL 14 and up),
+    else dropped and created again. Also what an offline migration writes out."""
+    name, function, table = _names(target, schema)
+    create = f" BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION {function}()"
+    if replace:
+        return (_function(target, function), f"CREATE OR REPLACE TRIGGER {name}{create}")
+    return (
+        _function(target, function),
+        f"DROP TRIGGER IF EXISTS {name} ON {table}",
+        f"CREATE TRIGGER {name}{create}",
+    )
+
+
+def remove_ddl(target: Target, schema: str | None) -> tuple[str, ...]:
+    """The statements that drop the guard (fine if it is not there)."""
+    name, function, table = _names(target, schema)
+    return (f"DROP TRIGGER IF EXISTS {name} ON {table}", f"DROP FUNCTION IF EXISTS {function}()")
 
 
 def install(target: Target) -> Flow[None]:
@@ -104,21 +129,14 @@ def install(target: Target) -> Flow[None]:
     schema = yield from _found(target, column)
     if schema is None:
         raise SchemaError(f"table {target.name!r} does not exist")
-    name, function, table = _names(target, schema)
+    table = _names(target, schema)[2]
     params = {"table": table, "name": guard_name(target)[1], "schema": schema}
     found: Answer = yield from read_only(Query(_INSTALLED, params))
     body, *kind, version = found.rows[0]
     if body == _body(target) and tuple(kind) == _AS_INSTALLED:
         return
-    create = f" BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION {function}()"
-    if version >= _REPLACE_TRIGGER:
-        trigger: tuple[Query, ...] = (Query(f"CREATE OR REPLACE TRIGGER {name}{create}"),)
-    else:
-        trigger = (
-            Query(f"DROP TRIGGER IF EXISTS {name} ON {table}"),
-            Query(f"CREATE TRIGGER {name}{create}"),
-        )
-    yield Pipeline((Query(_function(target, function)), *trigger))
+    ddl = install_ddl(target, schema, version >= _REPLACE_TRIGGER)
+    yield Pipeline(tuple(Query(text) for text in ddl))
 
 
 def remove(target: Target) -> Flow[None]:
@@ -126,10 +144,4 @@ def remove(target: Target) -> Flow[None]:
     schema = yield from _found(target, None)
     if schema is None:
         return
-    name, function, table = _names(target, schema)
-    yield Pipeline(
-        (
-            Query(f"DROP TRIGGER IF EXISTS {name} ON {table}"),
-            Query(f"DROP FUNCTION IF EXISTS {function}()"),
-        )
-    )
+    yield Pipeline(tuple(Query(text) for text in remove_ddl(target, schema)))

@@ -12,7 +12,7 @@ from ..._flow import Flow
 from .statements import quoted
 from .steps import Answer, Pipeline, Query, read_only
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "check", "migrate"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "check", "migrate", "upgrade_ddl"]
 
 # 2: fencing_effects (1 -> 2 only added a table and its indexes);
 # 3: an applied intent is keyed by (scope, intent_id, key): an id names work on one key;
@@ -74,15 +74,24 @@ def migrate(schema: str | None) -> Flow[None]:
         _not_newer(stored)
         if stored == SCHEMA_VERSION:
             return
-    queries = [Query(_MIGRATE_LOCK)]
-    if schema is not None:
-        queries.append(Query(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}"))
-    queries += [Query(ddl) for ddl in (*_DDL, *_EFFECTS_DDL, *_OUTBOX_DDL)]
-    if stored is not None and stored < 3:
-        queries.append(Query(_APPLIED_BY_KEY))
+    queries = [Query(text) for text in upgrade_ddl(stored, schema)]
     queries.append(Query(_SCHEMA_VERSION))
     answers: list[Answer] = yield Pipeline(tuple(queries))
     _not_newer(answers[-1].rows[0][0])
+
+
+def upgrade_ddl(stored: int | None, schema: str | None) -> tuple[str, ...]:
+    """What ``migrate`` runs on a store at schema version ``stored`` (None: no fencing
+    tables) to bring it to this fencing's, in one transaction: also the static DDL an
+    offline migration writes out for a version it is told. Fencing's tables are named
+    unqualified: the driver puts them in ``schema`` (``statements.qualified``)."""
+    texts = [_MIGRATE_LOCK]
+    if schema is not None:
+        texts.append(f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}")
+    texts += [*_DDL, *_EFFECTS_DDL, *_OUTBOX_DDL]
+    if stored is not None and stored < 3:
+        texts.append(_APPLIED_BY_KEY)
+    return tuple(texts)
 
 
 def check(schema: str | None) -> Flow[None]:

@@ -329,15 +329,22 @@ def table_probe(target: Target) -> str:
 
 @lru_cache(maxsize=1024)
 def table_commit(
-    target: Target, columns: tuple[str, ...], guards: tuple[str, ...], check: bool, fenced: bool
+    target: Target,
+    columns: tuple[str, ...],
+    guards: tuple[str, ...],
+    check: bool,
+    fenced: bool,
+    sql_values: tuple[tuple[str, str], ...] = (),
 ) -> str:
     """The one-statement commit for this shape of request to a guarded table.
 
-    Only ``columns`` are written (``%(s0)s``...); ``guards`` compare with ``IS NOT
-    DISTINCT FROM`` (``%(g0)s``...); ``check`` adds the version condition.
+    Only ``columns`` are written (``%(s0)s``...), and ``sql_values``' columns as the
+    database computes them (``CommitRequest.sql_values``); ``guards`` compare with
+    ``IS NOT DISTINCT FROM`` (``%(g0)s``...); ``check`` adds the version condition.
     """
     t, k = quoted(target.name), quoted(target.key_column)
     sets = [f"{quoted(c)} = %(s{i})s" for i, c in enumerate(columns)]
+    sets += [f"{quoted(c)} = {expression}" for c, expression in sql_values]
     where = [f"{k} = %(key)s"]
     if target.version_column is not None:
         v = quoted(target.version_column)

@@ -9,7 +9,7 @@ from typing import Final
 
 from ..._errors import SchemaError, StoreNotMigrated
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "check", "migrate"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "check", "migrate", "upgrade_ddl"]
 
 # 2: effects; 3: applied intents by (scope, id, key); 4: outbox; 5: the outbox's dead rows
 SCHEMA_VERSION: Final = 5
@@ -66,6 +66,25 @@ def migrate(conn: sqlite3.Connection, now: float) -> None:
         conn.execute(
             "UPDATE fencing_schema SET version = ? WHERE component = 'core'", (SCHEMA_VERSION,)
         )
+
+
+def upgrade_ddl(stored: int | None) -> tuple[str, ...]:
+    """The static DDL of ``migrate`` on a file whose fencing schema is known to be at
+    version ``stored`` (None: no fencing tables), for an offline migration to write
+    out: the statements ``migrate`` runs, each step as it decides it there (an outbox
+    lacks its dead rows' columns at version 4 only: one made now has them)."""
+    texts = [" ".join(line.split("--")[0] for line in s.splitlines()).strip() for s in _DDL]
+    texts = [" ".join(t.split()) for t in texts]
+    version = str(SCHEMA_VERSION)
+    if stored is None:
+        texts.append(f"INSERT INTO fencing_schema VALUES ('core', {version})")
+    elif stored < SCHEMA_VERSION:
+        if stored < 3:
+            texts += _APPLIED_BY_KEY
+        if stored == 4:
+            texts += _DEAD_ROWS
+        texts.append(f"UPDATE fencing_schema SET version = {version} WHERE component = 'core'")
+    return tuple(texts)
 
 
 _HAS_SCHEMA_TABLE: Final = (

@@ -166,11 +166,13 @@ class Statements:
             intent.expected_version is None,
             tuple(request.state),
             tuple(guard) if guard else (),
+            request.sql_values,
         )
         sql = self._cache.get(shape)
         if sql is not None:
             return sql
         sets = [f"{quote(c)} = ?" for c in request.state]
+        sets += [f"{quote(c)} = {expression}" for c, expression in request.sql_values]
         where = [f"{quote(target.key_column)} = ?"]
         if target.version_column:
             v = quote(target.version_column)
