@@ -36,13 +36,11 @@ from fencing._outbox import QUEUE_KINDS
 from .entries import Effect, OutboxRow
 from .errors import StaleSave
 from .forms import VERSION_FIELD, VersionedModelForm
-from .sites import FencedAdminSite
 from .stores import store
 
 __all__ = [
     "EffectAdmin",
     "FencedAdminMixin",
-    "FencedAdminSite",
     "FencedInlineMixin",
     "FencedModelAdmin",
     "OutboxAdmin",

@@ -14,10 +14,10 @@ from lines.models import Line
 from fencing.contrib.django import signer, store
 from fencing.contrib.django.admin import (
     FencedAdminMixin,
-    FencedAdminSite,
     FencedModelAdmin,
     check_fenced_admins,
 )
+from fencing.contrib.django.sites import FencedAdminSite
 
 from .admin import OrderAdmin
 from .jobs import ship
