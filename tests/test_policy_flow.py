@@ -1,19 +1,39 @@
-"""The apply flow's answer to an expired lease, driven step by step (no store)."""
+"""The apply flow driven step by step (no store): its answer to an expired lease, the
+outcomes it ends with, its sleeps between recomputes; the policies' own checks."""
 
 from __future__ import annotations
 
+import random
+import re
 from typing import Any
 
-from fencing import Committed, Fenced, FenceReason, Record
+import pytest
+
+from fencing import (
+    SKIP,
+    Committed,
+    Fenced,
+    FenceReason,
+    InvalidInput,
+    Recompute,
+    Reconcile,
+    Record,
+    Skipped,
+    Stale,
+)
+from fencing._flow import Sleep
 from fencing._policy import (
     MAX_RETAKES,
     CommitStep,
     DecideStep,
     Drop,
     ProbeStep,
+    ReconcileStep,
     RetakeStep,
     SettleStep,
+    StalePolicy,
     apply_flow,
+    check_policy,
 )
 from fencing._request import CommitResult
 from fencing._rules import Status
@@ -23,11 +43,17 @@ DONE = Record("orders", "o-1", 2, 7, {"status": "shipped"})
 EXPIRED = CommitResult(Status.FENCED_EXPIRED, REC)
 
 
-def _run(answers: dict[type, list[Any]]) -> tuple[Any, list[Any]]:
-    """Drive ``apply_flow``, answering each step kind from its list; return the outcome
-    and the steps asked for."""
-    intent = REC.intent("ship")
-    flow = apply_flow(intent, Drop())
+INTENT = REC.intent("ship")
+
+
+def _run(
+    answers: dict[type, list[Any]],
+    policy: StalePolicy | None = None,
+    rng: random.Random | None = None,
+) -> tuple[Any, list[Any]]:
+    """Drive ``apply_flow`` of ``INTENT``, answering each step kind from its list; return
+    the outcome and the steps asked for."""
+    flow = apply_flow(INTENT, policy or Drop(), rng)
     steps: list[Any] = []
     try:
         step = next(flow)
@@ -91,6 +117,7 @@ def test_a_lease_someone_else_holds_now_is_fenced_newer_and_settles() -> None:
         }
     )
     assert isinstance(outcome, Fenced) and outcome.reason is FenceReason.NEWER_OWNER
+    assert outcome.current is REC and outcome.intent is INTENT
     assert isinstance(steps[-1], SettleStep) and steps[-1].outcome == "fenced"
 
 
@@ -105,3 +132,111 @@ def test_a_released_lease_is_not_taken_again() -> None:
     )
     assert isinstance(outcome, Fenced) and outcome.reason is FenceReason.EXPIRED
     assert [type(s) for s in steps].count(RetakeStep) == 1
+
+
+NEWER = Record("orders", "o-1", 5, 0, {"status": "cancelled"})
+STALE = CommitResult(Status.STALE, NEWER)
+
+
+def test_a_skip_answers_skipped_with_the_record_and_the_intent() -> None:
+    outcome, steps = _run({ProbeStep: [CommitResult(Status.OK, REC)], DecideStep: [SKIP]})
+    assert isinstance(outcome, Skipped)
+    assert outcome.current is REC and outcome.intent is INTENT
+    assert [type(s) for s in steps] == [ProbeStep, DecideStep]
+
+
+def test_reconcile_gets_the_settled_effects_and_answers_stale_with_the_intent() -> None:
+    effects = ["effect-1", "effect-2"]
+    outcome, steps = _run(
+        {
+            ProbeStep: [CommitResult(Status.OK, REC)],
+            DecideStep: [{"status": "shipped"}],
+            CommitStep: [STALE],
+            SettleStep: [effects],
+            ReconcileStep: [None],
+        },
+        Reconcile(print),
+    )
+    assert isinstance(outcome, Stale)
+    assert outcome.current is NEWER and outcome.intent is INTENT
+    assert steps[-2] == SettleStep(INTENT, "stale")
+    assert steps[-1] == ReconcileStep(INTENT, NEWER, ("effect-1", "effect-2"))  # type: ignore[arg-type]
+
+
+class Ceiling(random.Random):
+    """A "random" source whose ``uniform(a, b)`` is always ``b``: the jitter's ceiling."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+def test_a_stale_probe_recomputes_at_once_and_later_recomputes_sleep_under_the_rng() -> None:
+    """The first decide against a record found stale by the probe needs no pause; each
+    later one sleeps, drawn from the flow's ``rng`` (never the module's random)."""
+    policy = Recompute(attempts=3, backoff=0.5, max_backoff=100.0)
+    outcome, steps = _run(
+        {
+            ProbeStep: [STALE],
+            DecideStep: [{"a": 1}, {"a": 2}, {"a": 3}],
+            CommitStep: [STALE, STALE, STALE],
+            Sleep: [None, None],
+            SettleStep: [[]],
+        },
+        policy,
+        Ceiling(),
+    )
+    kinds = [type(s).__name__ for s in steps]
+    assert kinds == [
+        "ProbeStep",
+        "DecideStep",
+        "CommitStep",
+        "Sleep",
+        "DecideStep",
+        "CommitStep",
+        "Sleep",
+        "DecideStep",
+        "CommitStep",
+        "SettleStep",
+    ]
+    assert [s.seconds for s in steps if isinstance(s, Sleep)] == [0.5, 1.0]
+    assert outcome.attempts == 3 and outcome.intent.expected_version == NEWER.version
+
+
+@pytest.mark.parametrize(
+    ("attempt", "ceiling"), [(1, 0.01), (2, 0.02), (3, 0.04), (4, 0.05), (40, 0.05)]
+)
+def test_recompute_delay_doubles_from_backoff_up_to_max_backoff(
+    attempt: int, ceiling: float
+) -> None:
+    policy = Recompute(attempts=50, backoff=0.01, max_backoff=0.05)
+    assert policy.delay(attempt, Ceiling()) == pytest.approx(ceiling)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: Recompute(attempts="3"),  # type: ignore[arg-type]
+            "Recompute attempts must be an integer, not '3'",
+        ),
+        (lambda: Recompute(attempts=True), "Recompute attempts must be an integer, not True"),
+        (lambda: Recompute(attempts=0), "Recompute attempts must be 1 to 1000, not 0"),
+        (lambda: Recompute(attempts=1001), "Recompute attempts must be 1 to 1000, not 1001"),
+        (lambda: Recompute(backoff=-1), "Recompute backoff must be a non-negative number"),
+        (
+            lambda: Recompute(max_backoff=float("nan")),
+            "Recompute max_backoff must be a non-negative number",
+        ),
+        (
+            lambda: Reconcile("handler"),  # type: ignore[arg-type]
+            "Reconcile needs a callable handler(intent, current, effects)",
+        ),
+        (
+            lambda: check_policy("drop"),
+            "on_stale must be Drop(), Recompute(...) or Reconcile(...), not 'drop'",
+        ),
+    ],
+)
+def test_a_policy_refused_says_why(make: Any, message: str) -> None:
+    with pytest.raises(InvalidInput, match=f"^{re.escape(message)}$"):
+        make()
