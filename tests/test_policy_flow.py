@@ -212,6 +212,12 @@ def test_recompute_delay_doubles_from_backoff_up_to_max_backoff(
     assert policy.delay(attempt, Ceiling()) == pytest.approx(ceiling)
 
 
+def test_recompute_delay_stops_doubling_after_32_doublings() -> None:
+    policy = Recompute(attempts=1000, backoff=1.0, max_backoff=1e300)
+    assert policy.delay(33, Ceiling()) == 2.0**32
+    assert policy.delay(1000, Ceiling()) == 2.0**32
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
