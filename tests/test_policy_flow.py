@@ -24,19 +24,23 @@ from fencing import (
 from fencing._flow import Sleep
 from fencing._policy import (
     MAX_RETAKES,
+    AcquireStep,
     CommitStep,
     DecideStep,
     Drop,
     ProbeStep,
     ReconcileStep,
+    RenewStep,
     RetakeStep,
     SettleStep,
     StalePolicy,
     apply_flow,
     check_policy,
+    heartbeat_flow,
+    lease_wait_flow,
 )
-from fencing._request import CommitResult
-from fencing._rules import Status
+from fencing._request import CommitResult, LeaseAnswer
+from fencing._rules import LeaseRow, Status
 
 REC = Record("orders", "o-1", 1, 0, {"status": "paid"})
 DONE = Record("orders", "o-1", 2, 7, {"status": "shipped"})
@@ -246,3 +250,113 @@ def test_recompute_delay_stops_doubling_after_32_doublings() -> None:
 def test_a_policy_refused_says_why(make: Any, message: str) -> None:
     with pytest.raises(InvalidInput, match=f"^{re.escape(message)}$"):
         make()
+
+
+# -- waiting for a held lease, and the heartbeat ------------------------------------------
+class Bounds(random.Random):
+    """A "random" source that answers the ceiling of ``uniform(a, b)`` and keeps each
+    ``(a, b)`` it was asked for."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.asked: list[tuple[float, float]] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        self.asked.append((a, b))
+        return b
+
+
+def _held(expires_in: float, owner: str | None = "x") -> LeaseAnswer:
+    """Held by ``owner`` until ``expires_in`` from now, by the store's clock (at 4)."""
+    return LeaseAnswer(False, LeaseRow("l", owner, 1, 4.0 + expires_in), 4.0)
+
+
+def _wait(
+    wait: float | None, answers: list[LeaseAnswer], times: list[float]
+) -> tuple[LeaseAnswer, list[float], list[tuple[float, float]]]:
+    """Drive ``lease_wait_flow``: each acquire answered from ``answers``; the clock reads
+    ``times``. Returns the answer it ended with, its sleeps, the jitter's bounds."""
+    clock = iter(times)
+    rng = Bounds()
+    flow = lease_wait_flow(wait, lambda: next(clock), rng)
+    sleeps: list[float] = []
+    try:
+        step = next(flow)
+        while True:
+            if isinstance(step, AcquireStep):
+                step = flow.send(answers.pop(0))
+            else:
+                assert isinstance(step, Sleep)
+                sleeps.append(step.seconds)
+                step = flow.send(None)
+    except StopIteration as stop:
+        assert not answers  # every answer was asked for
+        return stop.value, sleeps, rng.asked
+
+
+def test_waiting_for_a_lease_sleeps_until_its_expiry_doubling_up_to_a_quarter_second() -> None:
+    """Each pause is the shortest of: the time left to wait, the holder's expiry (by the
+    store's clock; a released or unknown row: no expiry), and a delay that doubles from
+    5 ms up to 0.25 s; never under 1 ms; jittered over its upper half. Waiting ends when
+    no time is left (exactly 0 too), with the last answer."""
+    answers = [
+        _held(0.003),  # expiry in 3 ms, before the 5 ms delay
+        LeaseAnswer(False, None, 0.0),  # no row: the delay, 10 ms
+        _held(0.0, owner=None),  # released: the delay, 20 ms
+        _held(10.0),  # far: the delay, 40 ms
+        _held(0.0005),  # in 0.5 ms: at least 1 ms
+        _held(10.0),  # 160 ms
+        _held(10.0),  # 250 ms (not 320)
+        _held(10.0),  # 250 ms, but 125 ms are left
+        _held(10.0),  # nothing left: the end
+    ]
+    last = answers[-1]
+    times = [100.0, 100.0, 100.5, 100.5, 100.5, 100.5, 100.5, 100.5, 101.875, 102.0]
+    out, sleeps, asked = _wait(2.0, answers, times)
+    assert out is last
+    expected = [0.003, 0.01, 0.02, 0.04, 0.001, 0.16, 0.25, 0.125]
+    assert sleeps == pytest.approx(expected)
+    assert [low for low, _ in asked] == pytest.approx([s / 2 for s in expected])
+    assert [high for _, high in asked] == sleeps
+
+
+def test_a_granted_lease_or_no_wait_ends_at_the_first_answer() -> None:
+    granted = LeaseAnswer(True, LeaseRow("l", "me", 2, 30.0), 0.0)
+    assert _wait(5.0, [granted], [100.0]) == (granted, [], [])
+    held = _held(10.0)
+    assert _wait(None, [held], []) == (held, [], [])
+    assert _wait(0.0, [held], [100.0, 100.0]) == (held, [], [])
+
+
+def _beat(
+    ttl: float, interval: float, results: list[object], times: list[float]
+) -> tuple[str | None, list[float]]:
+    clock = iter(times)
+    flow = heartbeat_flow(ttl, interval, lambda: next(clock))
+    sleeps: list[float] = []
+    try:
+        step = next(flow)
+        while True:
+            if isinstance(step, RenewStep):
+                step = flow.send(results.pop(0))
+            else:
+                sleeps.append(step.seconds)
+                step = flow.send(None)
+    except StopIteration as stop:
+        assert not results
+        return stop.value, sleeps
+
+
+def test_the_heartbeat_retries_errors_for_one_ttl_from_its_last_renewal() -> None:
+    """Renewed at 3 (the last success), errors at 12.9 (9.9 s since: retried) and at 13
+    (a whole TTL: lost, with the error); a refusal ends it with None at once; with no
+    renewal yet, the TTL counts from the start."""
+    errors = [True, OSError("down"), OSError("still down")]
+    assert _beat(10.0, 3.0, errors, [0.0, 3.0, 12.9, 13.0]) == (
+        "renewal failed: still down",
+        [3.0, 3.0, 3.0],
+    )
+    assert _beat(10.0, 2.0, [True, False], [0.0, 2.0]) == (None, [2.0, 2.0])
+    # never renewed: a TTL from the start
+    errors = [OSError("a"), OSError("b")]
+    assert _beat(10.0, 5.0, errors, [0.0, 9.9, 10.0]) == ("renewal failed: b", [5.0, 5.0])
