@@ -9,6 +9,7 @@ UPDATE compares (a column's affinity applies), not by Python's comparison.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,36 +46,30 @@ def url(tmp_path: Path) -> Iterator[str]:
     del APPLIED[url]
 
 
-@pytest.fixture
-def writer(url: str) -> Iterator[sqlite3.Connection]:
-    """Another connection, holding SQLite's write lock for the whole test."""
+@contextlib.contextmanager
+def another_writer(url: str) -> Iterator[None]:
+    """Another connection holds SQLite's write lock meanwhile."""
     path = url.removeprefix("sqlite:///").split("?")[0]
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
-    yield conn
-    conn.execute("ROLLBACK")
-    conn.close()
+    try:
+        yield
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
 
 
 def test_reads_never_wait_for_the_write_lock(url: str) -> None:
-    with fencing.open(url) as store:  # (its schema checked while nobody writes)
+    with fencing.open(url) as store:
         lease = store.acquire("orders/o-1", owner="w", ttl=60)
-        path = url.removeprefix("sqlite:///").split("?")[0]
-        writer = sqlite3.connect(path, isolation_level=None)
-        writer.execute("BEGIN IMMEDIATE")
-        try:
+        with another_writer(url):
             _read_everything(store, lease, APPLIED[url])
-        finally:
-            writer.execute("ROLLBACK")
-            writer.close()
 
 
-def test_a_store_opens_and_reads_while_another_connection_writes(
-    url: str, writer: sqlite3.Connection
-) -> None:
+def test_a_store_opens_and_reads_while_another_connection_writes(url: str) -> None:
     """Opening checks the schema, and a table's first use reads its columns: neither
     takes the write lock."""
-    with fencing.open(url, migrate="check") as store:
+    with another_writer(url), fencing.open(url, migrate="check") as store:
         table: Any = store.table("orders")
         assert table.get(1).state == {"qty": 5}
         store.guard_table("orders")  # there already: nothing to write
