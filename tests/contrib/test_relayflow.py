@@ -23,6 +23,7 @@ from fencing._outbox import OutboxClaim, OutboxRow
 from fencing.contrib._options import Backoff
 from fencing.contrib._relayflow import (
     LAPSING,
+    MAX_SUSPECTS,
     BatchCounts,
     Bury,
     Claim,
@@ -405,3 +406,214 @@ def test_a_drain_stops_after_fruitless_batches_or_an_empty_claim() -> None:
     known = {1, 2}  # the rows that will fail were failing before
     claims, _, _ = run_drain(["fail", "fail"], suspects=known)
     assert claims == 1 and known == {1, 2}
+
+
+# -- one batch's steps and counts, exactly (issue 23) ----------------------------------------
+def struck(id: int, key: str, strikes: int) -> OutboxRow:
+    return OutboxRow(**{**_fields(row(id, key)), "strikes": strikes})
+
+
+def run_batch(
+    cfg: RelayConfig,
+    rows: tuple[OutboxRow, ...],
+    fail: set[int],
+    suspects: set[int] | None = None,
+    marked: Callable[[tuple[int, ...]], int] = len,
+    times: list[float] | None = None,
+) -> tuple[BatchCounts, list[Any]]:
+    """Drive one ``batch`` over ``rows`` (those in ``fail`` fail to publish, each with its
+    own error); ``Done`` answers ``marked(ids)``; the clock reads ``times`` (else 0)."""
+    steps: list[Any] = []
+    clock = iter(times or [])
+
+    def answer(step: Any) -> Any:
+        steps.append(step)
+        if isinstance(step, Claim):
+            return OutboxClaim(7, rows, until=30.0, now=0.0)
+        if isinstance(step, Clock):
+            return next(clock, 0.0)
+        if isinstance(step, Publish):
+            return Failed(ConnectionError(f"no {step.row.id}")) if step.row.id in fail else None
+        if isinstance(step, Done):
+            return marked(step.ids)
+        if isinstance(step, Bury | Release):
+            return len(step.ids)
+        raise AssertionError(step)
+
+    counts = drive(batch(cfg, BatchCounts(), suspects), answer)
+    return counts, steps
+
+
+def attempted(steps: list[Any]) -> list[int]:
+    return [s.row.id for s in steps if isinstance(s, Publish)]
+
+
+def given_back(steps: list[Any]) -> list[Any]:
+    return [s for s in steps if isinstance(s, Release | Bury | Done)]
+
+
+def test_a_row_with_one_strike_goes_behind_the_fresh_rows() -> None:
+    rows = (struck(1, "a", 1), row(2, "a"), row(3, "b"))
+    _, steps = run_batch(RelayConfig("r", "celery"), rows, set())
+    assert attempted(steps) == [3, 1, 2]  # key a moves whole, in its own order
+
+
+def test_rows_are_marked_every_mark_every_rows() -> None:
+    rows = tuple(row(i, f"k{i}") for i in range(1, 6))
+    _, steps = run_batch(RelayConfig("r", "celery", mark_every=2), rows, set())
+    assert given_back(steps) == [Done(7, (1, 2)), Done(7, (3, 4)), Done(7, (5,))]
+
+
+def test_rows_published_but_not_marked_are_counted_lost_over_every_mark() -> None:
+    rows = tuple(row(i, f"k{i}") for i in range(1, 4))
+    cfg = RelayConfig("r", "celery", mark_every=1)
+    counts, _ = run_batch(cfg, rows, set(), marked=lambda ids: 0)
+    assert (counts.published, counts.marked, counts.lost) == (3, 0, 3)
+
+
+def test_what_a_batch_counts_and_gives_back_when_rows_fail() -> None:
+    """``max_failures=2``: a failure after a good publish starts the count over; two in
+    a row leave the rest untried (the message says how many); a failed row's key holds
+    its later rows back; each failure is a strike (the broker took other rows), given
+    back with its own error."""
+    cfg = RelayConfig("r", "celery", max_failures=2, dead_after=None)
+    rows = (
+        row(1, "a"),  # fails (1 in a row)
+        row(2, "b"),  # published: the count starts over
+        row(3, "a"),  # held back: key a failed
+        row(4, "c"),  # fails (1 in a row)
+        row(5, "d"),  # published
+        row(6, "e"),  # fails (1)
+        row(7, "f"),  # fails (2 in a row): the broker is taken to be down
+        row(8, "g"),  # untried
+        row(9, "h"),  # untried
+        row(10, "a"),  # held back: key a failed
+    )
+    counts, steps = run_batch(cfg, rows, {1, 4, 6, 7})
+    assert attempted(steps) == [1, 2, 4, 5, 6, 7]
+    assert (counts.published, counts.failed, counts.held, counts.untried) == (2, 4, 4, 2)
+    untried = "not attempted: the broker failed 2 times in a row"
+    assert given_back(steps) == [
+        Done(7, (2, 5)),
+        Release(7, (1,), "ConnectionError: no 1", True),
+        Release(7, (4,), "ConnectionError: no 4", True),
+        Release(7, (6,), "ConnectionError: no 6", True),
+        Release(7, (7,), "ConnectionError: no 7", True),
+        Release(7, (3, 10), "held back: an earlier row of its key was not published"),
+        Release(7, (8, 9), untried),
+    ]
+
+
+def test_rows_held_by_a_key_and_by_a_lapsing_claim_all_count_held() -> None:
+    cfg = RelayConfig("r", "celery", ttl=10.0, claim_margin=0.5)
+    rows = (row(1, "a"), row(2, "a"), row(3, "b"), row(4, "c"))
+    # claimed at 0; row 1 reached at 1; row 3 at 6 (past 10 * 0.5): it and row 4 lapse
+    counts, steps = run_batch(cfg, rows, {1}, times=[0.0, 1.0, 6.0])
+    assert attempted(steps) == [1]
+    assert (counts.failed, counts.held, counts.untried) == (1, 3, 0)
+
+
+def test_the_suspects_are_kept_up_to_date() -> None:
+    """A row that fails joins the suspects; one published or buried leaves them."""
+    cfg = RelayConfig("r", "celery", dead_after=2)
+    suspects = {1, 2, 3}
+    rows = (row(1, "a"), struck(2, "b", 1), row(3, "c"), row(4, "d"))
+    counts, steps = run_batch(cfg, rows, {2, 4}, suspects)
+    assert counts.dead == 1 and Bury(7, (2,), "ConnectionError: no 2") in steps
+    assert suspects == {4}
+
+
+@pytest.mark.parametrize(
+    ("before", "after"), [(MAX_SUSPECTS, MAX_SUSPECTS + 1), (MAX_SUSPECTS + 1, 1)]
+)
+def test_the_suspects_are_forgotten_past_max_suspects(before: int, after: int) -> None:
+    suspects = set(range(100_000, 100_000 + before))
+    run_batch(RelayConfig("r", "celery"), (row(1, "a"),), {1}, suspects)
+    assert len(suspects) == after and 1 in suspects
+
+
+def test_a_published_row_s_lag_is_never_below_zero_nor_rounded_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The lag is the store's clock at the claim plus the relay's time since, less the
+    row's ``created_at``: 0.25 s here; a row stamped ahead of the claim (clocks of two
+    servers) lags 0, not a negative time."""
+    rows = (
+        OutboxRow(**{**_fields(row(1, "a")), "created_at": 99.75}),
+        OutboxRow(**{**_fields(row(2, "b")), "created_at": 120.0}),
+    )
+
+    def answer(step: Any) -> Any:
+        if isinstance(step, Claim):
+            return OutboxClaim(7, rows, until=130.0, now=100.0)
+        if isinstance(step, Clock):
+            return 0.0
+        return None if isinstance(step, Publish) else len(step.ids)
+
+    with caplog.at_level(logging.INFO, logger="fencing.relay"):
+        drive(batch(RelayConfig("r", "celery"), BatchCounts()), answer)
+    assert [_extra(r)["fencing_lag"] for r in caplog.records] == [0.25, 0.0]
+
+
+def test_a_failure_s_text_is_at_most_2000_characters() -> None:
+    assert Failed(ValueError("x" * 10)).text() == "ValueError: xxxxxxxxxx"
+    text = Failed(ValueError("x" * 3000)).text()
+    assert text == "ValueError: " + "x" * 1988 and len(text) == 2000
+
+
+def test_relay_counts_as_a_dict() -> None:
+    counts = RelayCounts(1, 2, 3, 4, 5, 6, 7, 8, 9)
+    assert counts.as_dict() == {
+        "batches": 1,
+        "claimed": 2,
+        "published": 3,
+        "marked": 4,
+        "failed": 5,
+        "held": 6,
+        "lost": 7,
+        "dead": 8,
+        "pruned": 9,
+    }
+
+
+@pytest.mark.parametrize("caller_s", [False, True], ids=["its-own", "the-caller-s"])
+def test_the_loop_remembers_failed_rows_across_batches(
+    caller_s: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Row 1 fails in the first batch (the broker down: nothing published); in the
+    second it goes behind row 3 of another key, although the store gave it no strike:
+    the loop keeps its suspects (the caller's set, if it gave one) from batch to batch.
+    The backoff is logged with the failures counted."""
+    cfg = RelayConfig("r", "celery", backoff=Backoff(1.0, 1000.0))
+    given: set[int] | None = set() if caller_s else None  # (a fresh set each run)
+    claims = [(row(1, "a"),), (row(1, "a"), row(3, "c"))]
+    order: list[list[int]] = []
+
+    def answer(step: Any) -> Any:
+        if isinstance(step, Stopping):
+            return not claims
+        if isinstance(step, Clock | Prune):
+            return 0
+        if isinstance(step, Claim):
+            rows = claims.pop(0)
+            order.append([])
+            return OutboxClaim(1, rows, until=30.0, now=0.0)
+        if isinstance(step, Publish):
+            order[-1].append(step.row.id)
+            return Failed(ConnectionError("down")) if step.row.id == 1 else None
+        if isinstance(step, Done | Release | Bury):
+            return len(step.ids)
+        if isinstance(step, Wait):
+            return None
+        raise AssertionError(step)
+
+    with caplog.at_level(logging.WARNING, logger="fencing.relay"):
+        drive(loop(cfg, RelayCounts(), None, given), answer)
+    assert order == [[1], [3, 1]]
+    if given is not None:
+        assert given == {1}
+    backoffs = [r.getMessage() for r in caplog.records if "next claim" in r.getMessage()]
+    assert len(backoffs) == 1
+    found = re.fullmatch(r"the broker failed 1 time\(s\); next claim in (\d+\.\d\d)s", backoffs[0])
+    assert found is not None, backoffs[0]
+    assert 0.5 <= float(found[1]) <= 1.0
