@@ -100,17 +100,19 @@ def downgrade_fencing(op: Migration | Connection, *, schema: str | None = None) 
     bind = _bind(op)
     dialect = _dialect(bind, schema)
     if dialect == "postgresql":
-        from ..backends.postgres.schema import TABLES
+        from ..backends.postgres.schema import drop_ddl as pg_drop
+
+        drops = pg_drop(schema)
     elif dialect == "mysql":
-        from ..backends.mysql.schema import TABLES
+        from ..backends.mysql.schema import drop_ddl as mysql_drop
+
+        drops = mysql_drop()
     else:
-        from ..backends.sqlite.schema import TABLES
-    quote = bind.dialect.identifier_preparer
-    where = f"{quote.quote_schema(schema)}." if schema is not None else ""
-    for name in reversed(TABLES):
-        bind.execute(text(f"DROP TABLE IF EXISTS {where}{quote.quote(name)}"))
-    if dialect == "postgresql":  # the outbox's claim tokens (schema 4)
-        bind.execute(text(f"DROP SEQUENCE IF EXISTS {where}fencing_outbox_claim"))
+        from ..backends.sqlite.schema import drop_ddl as sqlite_drop
+
+        drops = sqlite_drop()
+    for statement in drops:
+        bind.execute(text(statement))
 
 
 def _bind(op: Migration | Connection) -> Connection:

@@ -20,7 +20,7 @@ from ..._request import Target
 from .steps import Result, Script, one
 from .templates import quote
 
-__all__ = ["install", "remove", "trigger_body"]
+__all__ = ["install", "install_ddl", "remove", "remove_ddl", "trigger_body"]
 
 _FIND: Final = (
     "SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS"
@@ -48,16 +48,27 @@ def install(target: Target, columns: frozenset[str]) -> Flow[None]:
     found: list[Result] = yield one(_FIND, database, name)
     if found[0].rows and str(found[0].rows[0][0]) == body:
         return
-    trigger = _trigger(target)  # in the table's database (a trigger must be)
-    script = Script(f"DROP TRIGGER IF EXISTS {trigger}")
-    table = quote(target.name)
-    script.add(f"CREATE TRIGGER {trigger} BEFORE UPDATE ON {table} FOR EACH ROW {body}")
-    yield script.batch()
+    yield Script(*install_ddl(target)).batch()
+
+
+def install_ddl(target: Target) -> tuple[str, str]:
+    """The statements that (re)create the trigger: dropped, then created in the table's
+    database (a trigger must be)."""
+    trigger, table = _trigger(target), quote(target.name)
+    return (
+        f"DROP TRIGGER IF EXISTS {trigger}",
+        f"CREATE TRIGGER {trigger} BEFORE UPDATE ON {table} FOR EACH ROW {trigger_body(target)}",
+    )
 
 
 def remove(target: Target) -> Flow[None]:
     """Drop the trigger (fine if it is not there)."""
-    yield one(f"DROP TRIGGER IF EXISTS {_trigger(target)}")
+    yield one(*remove_ddl(target))
+
+
+def remove_ddl(target: Target) -> tuple[str]:
+    """The statement that drops the trigger."""
+    return (f"DROP TRIGGER IF EXISTS {_trigger(target)}",)
 
 
 def _trigger(target: Target) -> str:

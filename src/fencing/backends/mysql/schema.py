@@ -10,7 +10,7 @@ from ..._errors import SchemaError, StoreNotMigrated
 from ..._flow import Flow
 from .steps import Result, Script
 
-__all__ = ["DDL", "SCHEMA_VERSION", "TABLES", "check", "migrate"]
+__all__ = ["DDL", "SCHEMA_VERSION", "TABLES", "check", "drop_ddl", "install_ddl", "migrate"]
 
 # 2: fencing_effects (1 -> 2 only added a table);
 # 3: an applied intent is keyed by (scope, intent_id, key_text): an id names work on one key;
@@ -88,6 +88,17 @@ def migrate() -> Flow[None]:
             script.add(_DEAD_ROWS)
         script.add(_SCHEMA_BUMP, SCHEMA_VERSION, SCHEMA_VERSION)
         yield script.batch()
+
+
+def install_ddl() -> tuple[str, ...]:
+    """The statements ``migrate`` runs on a database without fencing's tables: what a
+    migration tool shows for it (Django's ``sqlmigrate``)."""
+    return (*DDL, _SCHEMA_ROW % SCHEMA_VERSION)
+
+
+def drop_ddl() -> tuple[str, ...]:
+    """The statements that drop fencing's tables (their data with them)."""
+    return tuple(f"DROP TABLE IF EXISTS {name}" for name in reversed(TABLES))
 
 
 _HAS_SCHEMA_TABLE: Final = (

@@ -24,7 +24,7 @@ from ..._request import Target
 from .statements import quoted
 from .steps import Answer, Pipeline, Query, read_only
 
-__all__ = ["install", "remove"]
+__all__ = ["install", "install_ddl", "remove", "remove_ddl"]
 
 # The table (as the search path finds it), its schema, and whether it has the column.
 _FIND: Final = (
@@ -110,15 +110,25 @@ def install(target: Target) -> Flow[None]:
     body, *kind, version = found.rows[0]
     if body == _body(target) and tuple(kind) == _AS_INSTALLED:
         return
+    yield Pipeline(tuple(Query(ddl) for ddl in install_ddl(target, schema, version)))
+
+
+def install_ddl(target: Target, schema: str, server_version: int) -> tuple[str, ...]:
+    """The statements that (re)create the guard of ``target`` in ``schema`` (the table's),
+    on a server of ``server_version`` (``server_version_num``)."""
+    name, function, table = _names(target, schema)
     create = f" BEFORE UPDATE ON {table} FOR EACH ROW EXECUTE FUNCTION {function}()"
-    if version >= _REPLACE_TRIGGER:
-        trigger: tuple[Query, ...] = (Query(f"CREATE OR REPLACE TRIGGER {name}{create}"),)
+    if server_version >= _REPLACE_TRIGGER:
+        trigger: tuple[str, ...] = (f"CREATE OR REPLACE TRIGGER {name}{create}",)
     else:
-        trigger = (
-            Query(f"DROP TRIGGER IF EXISTS {name} ON {table}"),
-            Query(f"CREATE TRIGGER {name}{create}"),
-        )
-    yield Pipeline((Query(_function(target, function)), *trigger))
+        trigger = (f"DROP TRIGGER IF EXISTS {name} ON {table}", f"CREATE TRIGGER {name}{create}")
+    return (_function(target, function), *trigger)
+
+
+def remove_ddl(target: Target, schema: str) -> tuple[str, str]:
+    """The statements that drop the guard of ``target`` in ``schema`` (the table's)."""
+    name, function, table = _names(target, schema)
+    return f"DROP TRIGGER IF EXISTS {name} ON {table}", f"DROP FUNCTION IF EXISTS {function}()"
 
 
 def remove(target: Target) -> Flow[None]:
@@ -126,10 +136,4 @@ def remove(target: Target) -> Flow[None]:
     schema = yield from _found(target, None)
     if schema is None:
         return
-    name, function, table = _names(target, schema)
-    yield Pipeline(
-        (
-            Query(f"DROP TRIGGER IF EXISTS {name} ON {table}"),
-            Query(f"DROP FUNCTION IF EXISTS {function}()"),
-        )
-    )
+    yield Pipeline(tuple(Query(ddl) for ddl in remove_ddl(target, schema)))

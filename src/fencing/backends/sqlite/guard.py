@@ -25,7 +25,7 @@ from ..._request import Target
 from .operations import describe
 from .statements import quote
 
-__all__ = ["install", "installed", "remove", "trigger_names"]
+__all__ = ["install", "install_ddl", "installed", "remove", "remove_ddl", "trigger_names"]
 
 LOW_PREFIX = "fencing_guardlow_"
 
@@ -58,9 +58,19 @@ def _create(target: Target) -> tuple[str, str]:
     )
 
 
+def remove_ddl(target: Target) -> tuple[str, ...]:
+    """The statements that drop both triggers."""
+    return tuple(f"DROP TRIGGER IF EXISTS {_schema(target)}{quote(n)}" for n in trigger_names(target))
+
+
+def install_ddl(target: Target) -> tuple[str, ...]:
+    """The statements that (re)create both triggers: dropped, then created."""
+    return (*remove_ddl(target), *_create(target))
+
+
 def _drop(conn: sqlite3.Connection, target: Target) -> None:
-    for name in trigger_names(target):
-        conn.execute(f"DROP TRIGGER IF EXISTS {_schema(target)}{quote(name)}")
+    for text in remove_ddl(target):
+        conn.execute(text)
 
 
 def installed(conn: sqlite3.Connection, target: Target) -> bool:
@@ -85,8 +95,7 @@ def install(conn: sqlite3.Connection, target: Target) -> None:
     """Check the table and its columns (the key unique: the bump finds its row by it),
     then (re)create both triggers."""
     _check(conn, target)
-    _drop(conn, target)
-    for text in _create(target):
+    for text in install_ddl(target):
         conn.execute(text)
 
 
