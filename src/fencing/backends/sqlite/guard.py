@@ -60,7 +60,9 @@ def _create(target: Target) -> tuple[str, str]:
 
 def remove_ddl(target: Target) -> tuple[str, ...]:
     """The statements that drop both triggers."""
-    return tuple(f"DROP TRIGGER IF EXISTS {_schema(target)}{quote(n)}" for n in trigger_names(target))
+    return tuple(
+        f"DROP TRIGGER IF EXISTS {_schema(target)}{quote(n)}" for n in trigger_names(target)
+    )
 
 
 def install_ddl(target: Target) -> tuple[str, ...]:
