@@ -104,7 +104,7 @@ def install(target: Target) -> Flow[None]:
     schema = yield from _found(target, column)
     if schema is None:
         raise SchemaError(f"table {target.name!r} does not exist")
-    name, function, table = _names(target, schema)
+    table = _names(target, schema)[2]
     params = {"table": table, "name": guard_name(target)[1], "schema": schema}
     found: Answer = yield from read_only(Query(_INSTALLED, params))
     body, *kind, version = found.rows[0]
