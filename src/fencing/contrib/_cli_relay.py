@@ -29,8 +29,11 @@ from .._outbox import QUEUE_KINDS
 __all__ = ["add_arguments", "load_app", "run"]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db (the outbox's store)")
+def add_arguments(parser: argparse.ArgumentParser, *, url: bool = True) -> None:
+    """The arguments of ``fencing relay`` (``url=False``: all but the store's URL, for a
+    command that knows its store: Django's ``manage.py fencing_relay``)."""
+    if url:
+        parser.add_argument("url", help="store URL, e.g. sqlite:///app.db (the outbox's store)")
     parser.add_argument(
         "--queue",
         required=True,
@@ -251,53 +254,61 @@ class _Terminate:
             relay.stop()
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, store: Any = None) -> int:
+    """``fencing relay``: on ``store`` (left open) if given, else on ``args.url`` (arq:
+    always ``args.url``, opened as an async store)."""
     terminate = _Terminate()
     if args.once:
-        return _relay(args, terminate)
+        return _relay(args, terminate, store)
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
-        return _relay(args, terminate)
+        return _relay(args, terminate, store)
     finally:  # (a relay run in a process that goes on: SIGTERM is the process's again)
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
-def _relay(args: argparse.Namespace, terminate: _Terminate) -> int:
+def _relay(args: argparse.Namespace, terminate: _Terminate, given: Any = None) -> int:
     _logging(args.log_level)
     app = load_app(args.app)
     if args.queue == "arq":
         return asyncio.run(_run_async(args, app, terminate))
-    import fencing
+    if given is None:
+        import fencing
 
+        with fencing.open(args.url, migrate="check") as opened:
+            return _relay_on(args, terminate, app, opened)
+    return _relay_on(args, terminate, app, given)
+
+
+def _relay_on(args: argparse.Namespace, terminate: _Terminate, app: Any, store: Any) -> int:
     from .relay import Relay
 
-    with fencing.open(args.url, migrate="check") as store:
-        relay = Relay(
-            store,
-            _publisher(args.queue, app),
-            name=args.name,
-            batch=args.batch,
-            poll=args.poll,
-            ttl=args.ttl,
-            retention=args.retention,
-            dead_after=args.dead_after,
-            waker=_waker(store, args),
-        )
-        progress = _progress(args, relay.backlog().pending)
-        relay.on_batch = progress.update
-        try:
-            if args.once:
-                totals = relay.run_once()
-            else:
-                terminate.attach(relay)
-                try:
-                    totals = relay.run()
-                except KeyboardInterrupt:
-                    totals = relay.counts
-        finally:
-            progress.close()
-            relay.close()
-        backlog = relay.backlog()
+    relay = Relay(
+        store,
+        _publisher(args.queue, app),
+        name=args.name,
+        batch=args.batch,
+        poll=args.poll,
+        ttl=args.ttl,
+        retention=args.retention,
+        dead_after=args.dead_after,
+        waker=_waker(store, args),
+    )
+    progress = _progress(args, relay.backlog().pending)
+    relay.on_batch = progress.update
+    try:
+        if args.once:
+            totals = relay.run_once()
+        else:
+            terminate.attach(relay)
+            try:
+                totals = relay.run()
+            except KeyboardInterrupt:
+                totals = relay.counts
+    finally:
+        progress.close()
+        relay.close()
+    backlog = relay.backlog()
     print(_summary(totals, backlog), flush=True)
     return 1 if args.once and totals.failed else 0
 
