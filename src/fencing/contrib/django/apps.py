@@ -26,6 +26,8 @@ class FencingConfig(AppConfig):  # type: ignore[misc]
     verbose_name = "fencing"
 
     def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers fencing's system checks)
+
         add_observer(_SIGNAL)
         _close_before_test_db_destroyed()
         connection_created.connect(_open_early, dispatch_uid="fencing.contrib.django")

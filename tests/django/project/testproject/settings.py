@@ -63,6 +63,8 @@ else:
     raise RuntimeError(f"FENCING_DJANGO_DB={VENDOR!r}: sqlite, postgresql or mysql")
 
 FENCING = {"SIGNING_KEYS": {"k1": "tests-only-secret"}}
+if os.environ.get("FENCING_DJANGO_MIGRATE"):  # "check": the tables are the migrations' to make
+    FENCING["MIGRATE"] = os.environ["FENCING_DJANGO_MIGRATE"]
 if VENDOR == "postgresql":  # fencing's own tables in a schema of their own
     FENCING["OPTIONS"] = {"default": {"schema": "fencing", "max_size": 4}}
 
