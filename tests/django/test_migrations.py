@@ -187,6 +187,14 @@ def test_migrate_from_empty_and_back_to_zero(project: Project) -> None:
     project.query("INSERT INTO guarded_parcel (version, status) VALUES (1, 'new')")
     project.query("UPDATE guarded_parcel SET status = 'shipped'")
     assert project.query("SELECT version FROM guarded_parcel") == [(2,)]
+    # GuardTable backwards: the trigger goes, the table stays
+    done = project.manage("migrate", "guarded", "0001")
+    assert "Unapplying guarded.0002_guard_parcel... OK" in done.stdout
+    assert project.triggers() == []
+    project.query("UPDATE guarded_parcel SET status = 'lost'")
+    assert project.query("SELECT version FROM guarded_parcel") == [(2,)]
+    project.manage("migrate", "guarded")
+    assert TRIGGER in project.triggers()
     # and the store opens on them (FENCING["MIGRATE"] = "check" refuses it otherwise)
     stats = json.loads(project.manage("fencing_stats", "--json").stdout)
     assert stats["store"] == project.vendor
