@@ -242,12 +242,13 @@ def test_sqlmigrate_shows_the_statements_and_runs_none(project: Project) -> None
 @pytest.mark.slow
 def test_routers_and_database_keep_fencing_off_another_database(tmp_path: Path) -> None:
     project = Project("sqlite", tmp_path)
-    project.manage("migrate", "--database", "other")
+    settings = "--settings=testproject.settings_router"
+    project.manage("migrate", "--database", "other", settings)
     with sqlite3.connect(tmp_path / "other.sqlite3") as conn:
         names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
     assert "shop_order" in names  # migrated there
     assert not {n for n in names if n.startswith(("fencing", "guarded"))}
-    refused = project.manage("fencing_migrate", "--database", "other", ok=False)
+    refused = project.manage("fencing_migrate", "--database", "other", settings, ok=False)
     assert refused.returncode == 1
     assert "allow_migrate keeps fencing's tables off database 'other'" in refused.stderr
 

@@ -78,10 +78,3 @@ DATABASES["odd"] = {
     "OPTIONS": {"sslmode": "disable", "server_side_binding": False},
 }
 DATABASES["memory"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
-
-# A second database the router keeps fencing's tables off (tests/django/test_migrations.py).
-DATABASES["other"] = {
-    "ENGINE": "django.db.backends.sqlite3",
-    "NAME": os.path.join(HERE, "other.sqlite3"),
-}
-DATABASE_ROUTERS = ["testproject.routers.NoFencingOnOther"]
