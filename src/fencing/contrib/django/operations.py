@@ -21,7 +21,6 @@ where it has nothing to upgrade (fencing's tables from empty, the guard from non
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from django.db import router
@@ -32,6 +31,7 @@ from ..._errors import ConfigurationError
 from ..._flow import Flow, drive
 from ..._request import Target
 from ..._validate import mapped_table
+from .._steps import Query, runner
 from .stores import _settings
 
 __all__ = ["CreateFencingTables", "GuardTable", "UnguardTable", "UpgradeFencingTables"]
@@ -57,42 +57,25 @@ def fencing_schema(alias: str) -> str | None:
     return None if schema is None else str(schema)
 
 
-class _Steps:
-    """Runs a backend's flow on Django's connection, in its transaction: PostgreSQL's
-    queries (fencing's tables in ``schema``), MySQL's batches one statement at a time,
-    SQLite's transaction bodies on the ``sqlite3`` connection itself."""
+def _query(connection: Any) -> Query:
+    """Runs one statement on Django's ``connection`` (its cursor: the driver's
+    placeholders, whatever the driver)."""
 
-    def __init__(self, connection: Any, schema: str | None) -> None:
-        self.connection, self.schema = connection, schema
-
-    def run(self, step: Any) -> Any:
-        vendor = self.connection.vendor
-        if vendor == "postgresql":
-            from ...backends.postgres.statements import qualified
-            from ...backends.postgres.steps import Answer, Query
-
-            def one(query: Query) -> Answer:
-                return Answer(*self.query(qualified(query.text, self.schema), query.params))
-
-            return one(step) if isinstance(step, Query) else [one(q) for q in step.queries]
-        if vendor == "mysql":
-            from ...backends.mysql.steps import Result, statements
-
-            found = []
-            for sql, params in statements(step):
-                names, rows, count = self.query(sql, params)
-                found.append(Result(names, tuple(rows), count))
-            return found
-        self.connection.ensure_connection()
-        return step.body(self.connection.connection, time.time())
-
-    def query(self, sql: str, params: Any) -> tuple[tuple[str, ...], list[tuple[Any, ...]], int]:
-        with self.connection.cursor() as cursor:
+    def query(sql: str, params: Any) -> tuple[tuple[str, ...], list[tuple[Any, ...]], int]:
+        with connection.cursor() as cursor:
             cursor.execute(sql, params or None)
             if not cursor.description:
                 return (), [], cursor.rowcount
             names = tuple(str(column[0]) for column in cursor.description)
             return names, [tuple(row) for row in cursor.fetchall()], cursor.rowcount
+
+    return query
+
+
+def _sqlite(connection: Any) -> Any:
+    """The ``sqlite3`` connection under Django's (a SQLite body runs on it)."""
+    connection.ensure_connection()
+    return connection.connection
 
 
 def _flows(vendor: str, schema: str | None) -> Any:
@@ -117,7 +100,13 @@ def _run(schema_editor: Any, flow: Flow[None], planned: tuple[str, ...]) -> None
             schema_editor.execute(statement, None)
         return
     connection = schema_editor.connection
-    drive(flow, _Steps(connection, fencing_schema(connection.alias)).run)
+    run = runner(
+        connection.vendor,
+        _query(connection),
+        schema=fencing_schema(connection.alias),
+        sqlite=lambda: _sqlite(connection),
+    )
+    drive(flow, run)
 
 
 # -- fencing's tables ------------------------------------------------------------------
