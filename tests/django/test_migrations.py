@@ -312,3 +312,63 @@ def test_the_commands_run_on_the_alias_store(project: Project) -> None:
     assert "no database 'nope' in settings.DATABASES" in unknown.stderr
     assert "--database" in project.manage("fencing_relay", "--help").stdout
     assert "url" not in project.manage("fencing_relay", "--help").stdout.split("options:")[0]
+
+
+SEND = """
+from fencing.contrib.django import outbox_send
+from shop.models import Order
+from shop.queue import ship
+order = Order.objects.create(status="paid")
+print(outbox_send(ship, order, "ship", queue={queue!r}).id)
+"""
+
+
+@pytest.mark.slow
+def test_fencing_relay_publishes_the_alias_outbox(project: Project) -> None:
+    require_server("Redis", "127.0.0.1", 6379)
+    import redis
+
+    queue = f"fdj_{uuid.uuid4().hex[:10]}"
+    broker = redis.Redis(host="127.0.0.1", port=6379, db=11)
+    project.manage("migrate")
+    try:
+        project.manage("shell", "-v", "0", "-c", SEND.format(queue=queue))
+        relay = ("fencing_relay", "--queue", "celery", "--app", "shop.queue:app", "--once")
+        done = project.manage(*relay, "--quiet")
+        assert done.stdout.startswith(
+            "published 1 row(s), marked 1, failed 0, held back 0, dead 0; 0 pending"
+        ), done.stdout + done.stderr
+        assert broker.llen(queue) == 1
+        message = json.loads(broker.lindex(queue, 0) or b"{}")
+        assert message["headers"]["task"] == "shop.queue.ship"
+    finally:
+        broker.delete(queue)
+        broker.close()
+
+
+STALE_EFFECT = """
+from fencing.contrib.django import store
+from shop.models import Order
+order = Order.objects.create(status="paid")
+orders = store().table(Order)
+intent = order.intent("charge")
+effect = orders.effect(intent, "charge")
+Order.objects.filter(pk=order.pk).update(status="cancelled")
+assert orders.commit(intent, {"status": "charged"}).kind == "stale"
+print(effect.idempotency_key)
+"""
+
+
+@pytest.mark.slow
+def test_fencing_reconcile_lists_and_marks_the_alias_effects(project: Project) -> None:
+    project.manage("migrate")
+    key = project.manage("shell", "-v", "0", "-c", STALE_EFFECT).stdout.strip()
+    failed = project.manage("fencing_reconcile", "--fail-if-any", "--json", ok=False)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    (listed,) = [json.loads(line) for line in failed.stdout.splitlines()]
+    assert (listed["idempotency_key"], listed["name"]) == (key, "charge")
+    assert "CommandError: fencing: effects need reconciling" in failed.stderr
+    done = project.manage("fencing_reconcile", "--mark", key, "--fail-if-any")
+    assert done.stdout.startswith(f"{key} marked reconciled\n"), done.stdout
+    again = project.manage("fencing_reconcile", "--mark", key)
+    assert again.stdout.startswith(f"{key} was already reconciled\n")
