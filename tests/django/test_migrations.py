@@ -372,3 +372,42 @@ def test_fencing_reconcile_lists_and_marks_the_alias_effects(project: Project) -
     assert done.stdout.startswith(f"{key} marked reconciled\n"), done.stdout
     again = project.manage("fencing_reconcile", "--mark", key)
     assert again.stdout.startswith(f"{key} was already reconciled\n")
+
+
+IN_A_FAILED_MIGRATION = """
+from django.db import connection
+from django.db.migrations.state import ProjectState
+from fencing.contrib.django.operations import CreateFencingTables
+state = ProjectState()
+try:
+    with connection.schema_editor(atomic=True) as editor:
+        CreateFencingTables().database_forwards("fencing", editor, state, state)
+        raise RuntimeError("the migration's next operation failed")
+except RuntimeError:
+    print("rolled back")
+"""
+
+UPGRADE = """
+from django.db import connection
+from django.db.migrations.state import ProjectState
+from fencing.contrib.django.operations import UpgradeFencingTables
+state = ProjectState()
+with connection.schema_editor() as editor:
+    UpgradeFencingTables().database_forwards("fencing", editor, state, state)
+with connection.schema_editor() as editor:
+    UpgradeFencingTables().database_backwards("fencing", editor, state, state)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("project", ["sqlite", "postgresql"], indirect=True)  # (MySQL: DDL commits)
+def test_the_tables_are_made_in_the_migration_transaction(project: Project) -> None:
+    done = project.manage("shell", "-v", "0", "-c", IN_A_FAILED_MIGRATION)
+    assert done.stdout == "rolled back\n", done.stdout + done.stderr
+    assert project.fencing_tables() == []
+
+
+@pytest.mark.slow
+def test_an_upgrade_makes_the_tables_and_is_kept_going_backwards(project: Project) -> None:
+    project.manage("shell", "-v", "0", "-c", UPGRADE)
+    assert project.fencing_tables() == ALL_TABLES[project.vendor]
