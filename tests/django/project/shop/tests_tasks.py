@@ -1,5 +1,6 @@
 """enqueue_on_commit and outbox_send with a real fenced Celery task (run eagerly: no
-broker), on each database (tests/django/test_django.py runs it with the rest; named so that pytest does not collect it)."""
+broker), on each database (tests/django/test_django.py runs it with the rest; named so
+that pytest does not collect it)."""
 
 from celery import Celery
 from django.db import transaction
