@@ -17,18 +17,22 @@ from typing import Any
 __all__ = ["main"]
 
 
-def _cmd_migrate(args: argparse.Namespace) -> int:
+def _cmd_migrate(args: argparse.Namespace, store: Any = None) -> int:
+    """``fencing migrate``: on ``store`` (opened with ``migrate=False``; left open) if
+    given, else on ``args.url``."""
     import fencing
 
-    with fencing.open(args.url, migrate=False) as store:
-        store.migrate()
-        print(f"migrated {store.url}")
-        for table in args.guard_table or ():
-            store.guard_table(table, version=args.version_column, key=args.key_column)
-            print(f"guarded table {table} (trigger fencing_guard_{table.rpartition('.')[2]})")
-        for table in args.unguard_table or ():
-            store.unguard_table(table)
-            print(f"unguarded table {table}")
+    if store is None:
+        with fencing.open(args.url, migrate=False) as opened:
+            return _cmd_migrate(args, opened)
+    store.migrate()
+    print(f"migrated {store.url}")
+    for table in args.guard_table or ():
+        store.guard_table(table, version=args.version_column, key=args.key_column)
+        print(f"guarded table {table} (trigger fencing_guard_{table.rpartition('.')[2]})")
+    for table in args.unguard_table or ():
+        store.unguard_table(table)
+        print(f"unguarded table {table}")
     return 0
 
 
@@ -63,6 +67,29 @@ def _seconds(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"a number of seconds from 0, not {text!r}")
     return value
+
+
+def migrate_arguments(p: argparse.ArgumentParser, *, url: bool = True) -> None:
+    """The arguments of ``fencing migrate`` (``url=False``: all but the store's URL, for a
+    command that knows its store: Django's ``manage.py fencing_migrate``)."""
+    if url:
+        p.add_argument("url", help="store URL, e.g. sqlite:///app.db" + _url_help())
+    p.add_argument(
+        "--guard-table",
+        action="append",
+        metavar="TABLE",
+        help="install the guard trigger on TABLE (repeatable): any UPDATE that leaves its"
+        " version unchanged bumps it, one that sets it lower is refused (docs/guard.md)",
+    )
+    p.add_argument(
+        "--version-column", default="version", help="the guarded version column (version)"
+    )
+    p.add_argument(
+        "--key-column", default="id", help="the guarded table's key column (id; SQLite uses it)"
+    )
+    p.add_argument(
+        "--unguard-table", action="append", metavar="TABLE", help="remove TABLE's guard trigger"
+    )
 
 
 def version() -> str:
@@ -163,23 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     what = "create or upgrade fencing's tables in a store; install or remove guard triggers"
     p = sub.add_parser("migrate", help=what, description=what)
-    p.add_argument("url", help="store URL, e.g. sqlite:///app.db" + _url_help())
-    p.add_argument(
-        "--guard-table",
-        action="append",
-        metavar="TABLE",
-        help="install the guard trigger on TABLE (repeatable): any UPDATE that leaves its"
-        " version unchanged bumps it, one that sets it lower is refused (docs/guard.md)",
-    )
-    p.add_argument(
-        "--version-column", default="version", help="the guarded version column (version)"
-    )
-    p.add_argument(
-        "--key-column", default="id", help="the guarded table's key column (id; SQLite uses it)"
-    )
-    p.add_argument(
-        "--unguard-table", action="append", metavar="TABLE", help="remove TABLE's guard trigger"
-    )
+    migrate_arguments(p)
     p.set_defaults(func=_cmd_migrate)
 
     what = (

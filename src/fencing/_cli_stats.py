@@ -19,8 +19,11 @@ if TYPE_CHECKING:
 __all__ = ["add_arguments", "run", "stats"]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db" + URL_HELP)
+def add_arguments(parser: argparse.ArgumentParser, *, url: bool = True) -> None:
+    """The arguments of ``fencing stats`` (``url=False``: all but the store's URL, for a
+    command that knows its store: Django's ``manage.py fencing_stats``)."""
+    if url:
+        parser.add_argument("url", help="store URL, e.g. sqlite:///app.db" + URL_HELP)
     parser.add_argument(
         "--json", action="store_true", help="print JSON even on a terminal (always parseable)"
     )
@@ -59,11 +62,15 @@ def stats(store: Store) -> dict[str, Any]:
     }
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, store: Store | None = None) -> int:
+    """``fencing stats``: on ``store`` (left open) if given, else on ``args.url``."""
     import fencing
 
-    with fencing.open(args.url, migrate="check") as store:
+    if store is not None:
         shown = stats(store)
+    else:
+        with fencing.open(args.url, migrate="check") as opened:
+            shown = stats(opened)
     if args.json or not sys.stdout.isatty() or not _table(shown):
         print(json.dumps(shown, indent=2, sort_keys=True))
     return 0

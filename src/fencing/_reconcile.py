@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._url import URL_HELP
 
@@ -25,8 +25,11 @@ if TYPE_CHECKING:
 __all__ = ["add_arguments", "run"]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="store URL, e.g. sqlite:///app.db" + URL_HELP)
+def add_arguments(parser: argparse.ArgumentParser, *, url: bool = True) -> None:
+    """The arguments of ``fencing reconcile`` (``url=False``: all but the store's URL, for
+    a command that knows its store: Django's ``manage.py fencing_reconcile``)."""
+    if url:
+        parser.add_argument("url", help="store URL, e.g. sqlite:///app.db" + URL_HELP)
     parser.add_argument(
         "--mark",
         action="append",
@@ -51,19 +54,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, store: Any = None) -> int:
+    """``fencing reconcile``: on ``store`` (left open) if given, else on ``args.url``."""
     import fencing
 
-    with fencing.open(args.url, migrate="check") as store:
-        marked = []
-        for key in args.mark:
-            before = store.get_effect(key)
-            effect = store.mark_reconciled(key)
-            marked.append((effect, before is not None and before.reconciled))
-        settled = store.effects_to_reconcile(limit=args.limit)
-        stuck = []
-        if args.pending_for is not None:
-            stuck = store.pending_effects(older_than=args.pending_for, limit=args.limit)
+    if store is None:
+        with fencing.open(args.url, migrate="check") as opened:
+            return run(args, opened)
+    marked = []
+    for key in args.mark:
+        before = store.get_effect(key)
+        effect = store.mark_reconciled(key)
+        marked.append((effect, before is not None and before.reconciled))
+    settled = store.effects_to_reconcile(limit=args.limit)
+    stuck = []
+    if args.pending_for is not None:
+        stuck = store.pending_effects(older_than=args.pending_for, limit=args.limit)
     if args.json:
         for effect, already in marked:
             print(json.dumps({"marked": effect.to_dict(), "already": already}, sort_keys=True))

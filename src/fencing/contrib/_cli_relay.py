@@ -30,10 +30,13 @@ from .._url import URL_HELP
 __all__ = ["add_arguments", "load_app", "run"]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "url", help="store URL, e.g. sqlite:///app.db (the outbox's store)" + URL_HELP
-    )
+def add_arguments(parser: argparse.ArgumentParser, *, url: bool = True) -> None:
+    """The arguments of ``fencing relay`` (``url=False``: all but the store's URL, for a
+    command that knows its store: Django's ``manage.py fencing_relay``)."""
+    if url:
+        parser.add_argument(
+            "url", help="store URL, e.g. sqlite:///app.db (the outbox's store)" + URL_HELP
+        )
     parser.add_argument(
         "--queue",
         required=True,
@@ -248,7 +251,7 @@ def _describe_app(app: Any) -> str:
     return f"{kind} {main!r}" if isinstance(main, str) and main else kind
 
 
-def _started(args: argparse.Namespace, relay: Any, waker: Any, app: Any) -> None:
+def _started(args: argparse.Namespace, relay: Any, waker: Any, app: Any, url: str) -> None:
     """The start line: what it relays, from where, as whom (stderr, and the log)."""
     import logging
 
@@ -256,7 +259,7 @@ def _started(args: argparse.Namespace, relay: Any, waker: Any, app: Any) -> None
 
     wait = "LISTEN wake-ups" if waker is not None else f"polls every {args.poll:g}s"
     line = (
-        f"relay {relay.name} started: {args.queue} rows of {redact_url(args.url)} through"
+        f"relay {relay.name} started: {args.queue} rows of {redact_url(url)} through"
         f" {_describe_app(app)}; batches of {args.batch}, claims of {args.ttl:g}s, {wait}"
     )
     if args.metrics_port is not None:
@@ -268,9 +271,10 @@ def _started(args: argparse.Namespace, relay: Any, waker: Any, app: Any) -> None
         print(line, file=sys.stderr, flush=True)
 
 
-def _metrics(args: argparse.Namespace) -> tuple[Any, Any]:
-    """With ``--metrics-port``: serve the metrics; the relay's counter (its on_batch)
-    and a sync store for the backlog gauges (closed by the caller)."""
+def _metrics(args: argparse.Namespace, store: Any = None) -> tuple[Any, Any]:
+    """With ``--metrics-port``: serve the metrics; the relay's counter (its on_batch),
+    and the sync store opened for the backlog gauges when ``store`` (the relay's own,
+    sync) is not given (the caller closes it)."""
     if args.metrics_port is None:
         return None, None
     import fencing
@@ -278,6 +282,9 @@ def _metrics(args: argparse.Namespace) -> tuple[Any, Any]:
     from .prometheus import RelayMetrics, serve, watch
 
     serve(args.metrics_port, args.metrics_addr)
+    if store is not None:
+        watch(store, label=store.backend.scheme)
+        return RelayMetrics(args.queue), None
     gauges = fencing.open(args.url, migrate="check")
     try:
         watch(gauges, label=gauges.backend.scheme)
@@ -325,40 +332,36 @@ class _Terminate:
             relay.stop()
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, store: Any = None) -> int:
+    """``fencing relay``: on ``store`` (left open) if given, else on ``args.url`` (arq:
+    always ``args.url``, opened as an async store)."""
     terminate = _Terminate()
     if args.once:
-        return _relay(args, terminate)
+        return _relay(args, terminate, store)
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
-        return _relay(args, terminate)
+        return _relay(args, terminate, store)
     finally:  # (a relay run in a process that goes on: SIGTERM is the process's again)
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
-def _relay(args: argparse.Namespace, terminate: _Terminate) -> int:
+def _relay(args: argparse.Namespace, terminate: _Terminate, given: Any = None) -> int:
     _logging(args.log_level)
     app = load_app(args.app)
     if args.queue == "arq":
         return asyncio.run(_run_async(args, app, terminate))
-    import fencing
+    if given is None:
+        import fencing
 
-    counter, gauges = _metrics(args)
-    try:
-        with fencing.open(args.url, migrate="check") as store:
-            totals, backlog = _relay_on(store, args, app, terminate, counter)
-    finally:
-        if gauges is not None:
-            gauges.close()
-    print(_summary(totals, backlog), flush=True)
-    return 1 if args.once and totals.failed else 0
+        with fencing.open(args.url, migrate="check") as opened:
+            return _relay_on(args, terminate, app, opened)
+    return _relay_on(args, terminate, app, given)
 
 
-def _relay_on(
-    store: Any, args: argparse.Namespace, app: Any, terminate: _Terminate, counter: Any
-) -> tuple[Any, Any]:
+def _relay_on(args: argparse.Namespace, terminate: _Terminate, app: Any, store: Any) -> int:
     from .relay import Relay
 
+    counter, _ = _metrics(args, store)
     waker = _waker(store, args)
     relay = Relay(
         store,
@@ -371,7 +374,7 @@ def _relay_on(
         dead_after=args.dead_after,
         waker=waker,
     )
-    _started(args, relay, waker, app)
+    _started(args, relay, waker, app, store.url)
     progress = _progress(args, relay.backlog().pending)
     relay.on_batch = _on_batch(progress, counter)
     try:
@@ -386,7 +389,9 @@ def _relay_on(
     finally:
         progress.close()
         relay.close()
-    return totals, relay.backlog()
+    backlog = relay.backlog()
+    print(_summary(totals, backlog), flush=True)
+    return 1 if args.once and totals.failed else 0
 
 
 async def _arq_publisher(app: Any) -> Any:
@@ -420,7 +425,7 @@ async def _run_async(args: argparse.Namespace, app: Any, terminate: _Terminate) 
             dead_after=args.dead_after,
             waker=waker,
         )
-        _started(args, relay, waker, app)
+        _started(args, relay, waker, app, args.url)
         progress = _progress(args, (await relay.backlog()).pending)
         relay.on_batch = _on_batch(progress, counter)
         try:

@@ -46,7 +46,6 @@ store with ``fencing.open(url, migrate=False)``.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -55,6 +54,7 @@ from .._errors import ConfigurationError, InvalidIdentifier, MissingDependency
 from .._flow import drive
 from .._request import Target
 from .._validate import check_column
+from ._steps import Query, runner
 
 try:
     from sqlalchemy import text
@@ -114,15 +114,19 @@ def upgrade_fencing(
     if dialect == "postgresql":
         from ..backends.postgres import schema as pg_schema
 
-        drive(pg_schema.migrate(schema), _PostgresSteps(bind, schema).run)
+        drive(pg_schema.migrate(schema), runner(dialect, _query(bind, _PG_MARKER), schema=schema))
     elif dialect == "mysql":
         from ..backends.mysql import schema as mysql_schema
 
-        drive(mysql_schema.migrate(), _MySQLSteps(bind).run)
+        drive(mysql_schema.migrate(), runner(dialect, _query(bind, _MYSQL_MARKER)))
     else:
         from ..backends.sqlite.flows import SQLiteFlows
 
-        drive(SQLiteFlows().migrate(), _SQLiteSteps(bind).run)
+        steps = _SQLiteSteps(bind)
+        drive(
+            SQLiteFlows().migrate(),
+            runner(dialect, sqlite=lambda: steps),
+        )
 
 
 def downgrade_fencing(op: Migration | Connection, *, schema: str | None = None) -> None:
@@ -176,22 +180,22 @@ def _guard(op: Migration | Connection, target: Target, *, install: bool) -> None
         from ..backends.postgres import guard as pg_guard
 
         flow = pg_guard.install(target) if install else pg_guard.remove(target)
-        drive(flow, _PostgresSteps(bind, None).run)
+        drive(flow, runner(dialect, _query(bind, _PG_MARKER)))
     elif dialect == "mysql":
         from ..backends.mysql.flows import MySQLFlows
 
         flows = MySQLFlows()
         drive(
             flows.guard_table(target) if install else flows.unguard_table(target),
-            _MySQLSteps(bind).run,
+            runner(dialect, _query(bind, _MYSQL_MARKER)),
         )
     else:
         from ..backends.sqlite.flows import SQLiteFlows
 
-        sqlite = SQLiteFlows()
+        sqlite, steps = SQLiteFlows(), _SQLiteSteps(bind)
         drive(
             sqlite.guard_table(target) if install else sqlite.unguard_table(target),
-            _SQLiteSteps(bind).run,
+            runner(dialect, sqlite=lambda: steps),
         )
 
 
@@ -323,58 +327,27 @@ def _rows(result: CursorResult[Any]) -> tuple[tuple[str, ...], list[tuple[Any, .
     return tuple(result.keys()), [tuple(row) for row in result.fetchall()]
 
 
-class _PostgresSteps:
-    """Runs ``backends.postgres.steps`` (a ``Query``, a ``Pipeline``: one after the
-    other here, in the migration's transaction) with fencing's tables in ``schema``."""
+def _query(bind: Connection, marker: re.Pattern[str]) -> Query:
+    """Runs one statement on ``bind`` (``marker``: its driver-style placeholders)."""
 
-    _MARKER = re.compile(r"%\((\w+)\)s")
+    def query(sql: str, params: Any) -> tuple[tuple[str, ...], list[tuple[Any, ...]], int]:
+        result = _execute(bind, sql, marker, params)
+        return (*_rows(result), result.rowcount)
 
-    def __init__(self, bind: Connection, schema: str | None) -> None:
-        self.bind, self.schema = bind, schema
-
-    def run(self, step: Any) -> Any:
-        from ..backends.postgres.statements import qualified
-        from ..backends.postgres.steps import Answer, Query
-
-        def one(query: Query) -> Answer:
-            sql = qualified(query.text, self.schema)
-            result = _execute(self.bind, sql, self._MARKER, query.params)
-            return Answer(*_rows(result), result.rowcount)
-
-        return one(step) if isinstance(step, Query) else [one(q) for q in step.queries]
+    return query
 
 
-class _MySQLSteps:
-    """Runs ``backends.mysql.steps.Batch``: its statements one at a time (a migration's
-    connection runs no multi-statement batch)."""
-
-    _MARKER = re.compile(r"%s")
-
-    def __init__(self, bind: Connection) -> None:
-        self.bind = bind
-
-    def run(self, step: Any) -> Any:
-        from ..backends.mysql.steps import Result, statements
-
-        found = []
-        for sql, params in statements(step):
-            result = _execute(self.bind, sql, self._MARKER, params)
-            names, rows = _rows(result)
-            found.append(Result(names, tuple(rows), result.rowcount))
-        return found
+_PG_MARKER = re.compile(r"%\((\w+)\)s")
+_MYSQL_MARKER = re.compile(r"%s")
 
 
 class _SQLiteSteps:
-    """Runs ``backends.sqlite.flows.Txn``: its body on the migration's connection, in
-    the migration's transaction (the body never begins, commits or rolls back)."""
+    """What a SQLite ``Txn`` body runs on: the migration's connection."""
 
     _MARKER = re.compile(r"\?")
 
     def __init__(self, bind: Connection) -> None:
         self.bind = bind
-
-    def run(self, step: Any) -> Any:
-        return step.body(self, time.time())
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """``sqlite3.Connection.execute``, as much of it as a ``Txn`` body uses."""

@@ -10,7 +10,16 @@ from ..._errors import SchemaError, StoreNotMigrated
 from ..._flow import Flow
 from .steps import Result, Script
 
-__all__ = ["DDL", "SCHEMA_VERSION", "TABLES", "check", "migrate", "upgrade_ddl"]
+__all__ = [
+    "DDL",
+    "SCHEMA_VERSION",
+    "TABLES",
+    "check",
+    "drop_ddl",
+    "install_ddl",
+    "migrate",
+    "upgrade_ddl",
+]
 
 # 2: fencing_effects (1 -> 2 only added a table);
 # 3: an applied intent is keyed by (scope, intent_id, key_text): an id names work on one key;
@@ -106,6 +115,17 @@ def upgrade_ddl(stored: int | None) -> tuple[str, ...]:
             texts.append(_DEAD_ROWS)
         texts.append(_SCHEMA_BUMP.replace("%s", version))
     return tuple(texts)
+
+
+def install_ddl() -> tuple[str, ...]:
+    """The statements ``migrate`` runs on a database without fencing's tables: what a
+    migration tool shows for it (Django's ``sqlmigrate``)."""
+    return (*DDL, _SCHEMA_ROW % SCHEMA_VERSION)
+
+
+def drop_ddl() -> tuple[str, ...]:
+    """The statements that drop fencing's tables (their data with them)."""
+    return tuple(f"DROP TABLE IF EXISTS {name}" for name in reversed(TABLES))
 
 
 _HAS_SCHEMA_TABLE: Final = (

@@ -9,10 +9,10 @@ from typing import Final
 
 from ..._errors import SchemaError, StoreNotMigrated
 from ..._flow import Flow
-from .statements import quoted
+from .statements import qualified, quoted
 from .steps import Answer, Pipeline, Query, read_only
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "check", "migrate", "upgrade_ddl"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "check", "drop_ddl", "install_ddl", "migrate", "upgrade_ddl"]
 
 # 2: fencing_effects (1 -> 2 only added a table and its indexes);
 # 3: an applied intent is keyed by (scope, intent_id, key): an id names work on one key;
@@ -92,6 +92,22 @@ def upgrade_ddl(stored: int | None, schema: str | None) -> tuple[str, ...]:
     if stored is not None and stored < 3:
         texts.append(_APPLIED_BY_KEY)
     return tuple(texts)
+
+
+def install_ddl(schema: str | None) -> tuple[str, ...]:
+    """The statements ``migrate`` runs on a database without fencing's tables, as the
+    driver sends them (the tables in ``schema``): what a migration tool shows for it
+    (Django's ``sqlmigrate``)."""
+    head = () if schema is None else (f"CREATE SCHEMA IF NOT EXISTS {quoted(schema)}",)
+    return head + tuple(qualified(s, schema) for s in (*_DDL, *_EFFECTS_DDL, *_OUTBOX_DDL))
+
+
+def drop_ddl(schema: str | None) -> tuple[str, ...]:
+    """The statements that drop fencing's tables (their data with them) and the outbox's
+    claim sequence from ``schema``; the schema itself stays (it may hold more)."""
+    drops = [f"DROP TABLE IF EXISTS {name}" for name in reversed(TABLES)]
+    drops.append("DROP SEQUENCE IF EXISTS fencing_outbox_claim")  # (schema 4)
+    return tuple(qualified(s, schema) for s in drops)
 
 
 def check(schema: str | None) -> Flow[None]:

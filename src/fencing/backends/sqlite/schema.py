@@ -9,7 +9,7 @@ from typing import Final
 
 from ..._errors import SchemaError, StoreNotMigrated
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "check", "migrate", "upgrade_ddl"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "check", "drop_ddl", "install_ddl", "migrate", "upgrade_ddl"]
 
 # 2: effects; 3: applied intents by (scope, id, key); 4: outbox; 5: the outbox's dead rows
 SCHEMA_VERSION: Final = 5
@@ -42,6 +42,25 @@ _DDL: Final = _ddl()
 TABLES: Final = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", " ".join(_DDL)))
 
 
+_SCHEMA_ROW: Final = "INSERT INTO fencing_schema VALUES ('core', ?)"
+
+
+def install_ddl() -> tuple[str, ...]:
+    """The statements ``migrate`` runs on a file without fencing's tables: what a
+    migration tool shows for it (Django's ``sqlmigrate``)."""
+    row = _SCHEMA_ROW.replace("?", str(SCHEMA_VERSION))
+    kept = (
+        "\n".join(line for line in s.splitlines() if not line.lstrip().startswith("--"))
+        for s in _DDL
+    )
+    return (*(" ".join(s.split()) for s in kept), row)
+
+
+def drop_ddl() -> tuple[str, ...]:
+    """The statements that drop fencing's tables (their data with them)."""
+    return tuple(f"DROP TABLE IF EXISTS {name}" for name in reversed(TABLES))
+
+
 def migrate(conn: sqlite3.Connection, now: float) -> None:
     """Create fencing's tables (idempotent) and upgrade an older schema, in the caller's
     write transaction; ``SchemaError`` if the file's schema is newer than this fencing."""
@@ -49,7 +68,7 @@ def migrate(conn: sqlite3.Connection, now: float) -> None:
         conn.execute(statement)
     row = conn.execute("SELECT version FROM fencing_schema WHERE component = 'core'").fetchone()
     if row is None:
-        conn.execute("INSERT INTO fencing_schema VALUES ('core', ?)", (SCHEMA_VERSION,))
+        conn.execute(_SCHEMA_ROW, (SCHEMA_VERSION,))
     elif row[0] > SCHEMA_VERSION:
         raise SchemaError(
             f"this store's schema is version {row[0]}, newer than this fencing"

@@ -8,6 +8,10 @@
   ``fencing.contrib.django.models`` in your models module, or from here once Django's
   apps are loaded).
 * :data:`fenced_commit` — a signal sent for each fenced commit on a model's table.
+* :func:`enqueue_on_commit`, :func:`outbox_send` — a fenced task sent once Django's
+  transaction commits, or written to fencing's outbox in it (``tasks``).
+* migration operations (``operations``), ``manage.py fencing_*`` commands, system
+  checks (``checks``).
 
 See docs/django.md.
 """
@@ -28,13 +32,16 @@ __all__ = [
     "VersionField",
     "close_stores",
     "database_url",
+    "enqueue_on_commit",
     "fenced_commit",
+    "outbox_send",
     "signer",
     "store",
     "table",
 ]
 
 _MODELS = frozenset({"FencedManager", "FencedModel", "FencedQuerySet", "table"})
+_TASKS = frozenset({"enqueue_on_commit", "outbox_send"})
 
 
 def __getattr__(name: str) -> Any:
@@ -43,6 +50,10 @@ def __getattr__(name: str) -> Any:
         from . import models
 
         return getattr(models, name)
+    if name in _TASKS:
+        from . import tasks
+
+        return getattr(tasks, name)
     if name == "VersionField":
         from .fields import VersionField
 

@@ -10,6 +10,7 @@ from django.apps import AppConfig, apps
 from django.db import connections
 from django.db.backends.signals import connection_created
 
+from ..._errors import StoreNotMigrated
 from ..._observe import Event, add_observer, log
 from .signals import fenced_commit
 from .stores import alias_of, close_stores, store
@@ -26,6 +27,8 @@ class FencingConfig(AppConfig):  # type: ignore[misc]
     verbose_name = "fencing"
 
     def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers fencing's system checks)
+
         add_observer(_SIGNAL)
         _close_before_test_db_destroyed()
         connection_created.connect(_open_early, dispatch_uid="fencing.contrib.django")
@@ -43,6 +46,8 @@ def _open_early(sender: Any, connection: Any, **kwargs: Any) -> None:
         return  # (fencing cannot reach it: store() says so when it is asked for)
     try:
         store(connection.alias)
+    except StoreNotMigrated:  # FENCING["MIGRATE"] = "check" before manage.py migrate
+        log.debug("fencing's tables are not on %r yet", connection.alias)
     except Exception:
         log.warning("fencing could not open the store of %r", connection.alias, exc_info=True)
 

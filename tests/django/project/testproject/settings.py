@@ -10,6 +10,8 @@ import tempfile
 VENDOR = os.environ.get("FENCING_DJANGO_DB", "sqlite")
 HERE = os.environ.get("FENCING_DJANGO_DIR") or tempfile.gettempdir()
 TEST_NAME = os.environ.get("FENCING_DJANGO_TEST_NAME", "test_fencing_django")
+#: the (non-test) database's name on PostgreSQL and MariaDB
+NAME = os.environ.get("FENCING_DJANGO_NAME", "fencing_django")
 
 SECRET_KEY = "tests-only"
 DEBUG = False
@@ -20,6 +22,7 @@ INSTALLED_APPS = [
     "django.contrib.auth",
     "fencing.contrib.django",
     "shop",
+    "guarded",
 ]
 if VENDOR == "sqlite":
     DATABASES = {
@@ -34,7 +37,7 @@ elif VENDOR == "postgresql":
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
-            "NAME": "fencing_django",
+            "NAME": NAME,
             "USER": "root",
             "HOST": "127.0.0.1",
             "PORT": "5432",
@@ -48,7 +51,7 @@ elif VENDOR == "mysql":
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.mysql",
-            "NAME": "fencing_django",
+            "NAME": NAME,
             "USER": "root",
             "HOST": "127.0.0.1",
             "PORT": "3306",
@@ -60,6 +63,8 @@ else:
     raise RuntimeError(f"FENCING_DJANGO_DB={VENDOR!r}: sqlite, postgresql or mysql")
 
 FENCING = {"SIGNING_KEYS": {"k1": "tests-only-secret"}}
+if os.environ.get("FENCING_DJANGO_MIGRATE"):  # "check": the tables are the migrations' to make
+    FENCING["MIGRATE"] = os.environ["FENCING_DJANGO_MIGRATE"]
 if VENDOR == "postgresql":  # fencing's own tables in a schema of their own
     FENCING["OPTIONS"] = {"default": {"schema": "fencing", "max_size": 4}}
 
