@@ -1,0 +1,343 @@
+"""The linearizability checker's verdicts on small hand-made histories, exactly.
+
+Each history is judged linearizable or not as the model of a store must (leases,
+batches, unknown outcomes); bad events are refused with their exact message; and a
+failure explains itself with the operations it could not place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fencing.testing import (
+    HistoryError,
+    MemoryHistory,
+    Operation,
+    check_linearizable,
+    lin_event,
+    read_lin_file,
+    write_lin,
+)
+
+from .test_linearizability_checker import A, commit, ok, op
+
+L = {"name": "L"}
+CREATE = op("create", {"key": A, "state": {}}, {"version": 1}, 0, 1)
+
+
+def under(token: int, root: str, **extra: Any) -> dict[str, Any]:
+    """A commit of record A under lease L with ``token``, expecting no version."""
+    return commit(A, None, root, {"r": root}, lease="L", token=token, **extra)
+
+
+def release(token: int, result: Any, t0: int) -> Operation:
+    return op("release", {"name": "L", "token": token}, result, t0, t0 + 1)
+
+
+# name: (history, linearizable?)
+CASES: dict[str, tuple[list[Operation], bool]] = {
+    # a holder writes twice under one token: the record's fence equals it, not above
+    "two commits under one token": (
+        [
+            CREATE,
+            op("acquire", L, {"token": 1}, 2, 3),
+            op("commit", under(1, "x"), ok("committed", 2), 4, 5),
+            op("commit", under(1, "y"), ok("committed", 3), 6, 7),
+        ],
+        True,
+    ),
+    # released: a commit under the released token is fenced as expired, never committed
+    "a released token's commit is fenced as expired": (
+        [
+            CREATE,
+            op("acquire", L, {"token": 1}, 2, 3),
+            release(1, True, 4),
+            op("commit", under(1, "x"), ok("fenced", 1, reason="expired"), 6, 7),
+        ],
+        True,
+    ),
+    "a released token's commit cannot commit": (
+        [
+            CREATE,
+            op("acquire", L, {"token": 1}, 2, 3),
+            release(1, True, 4),
+            op("commit", under(1, "x"), ok("committed", 2), 6, 7),
+        ],
+        False,
+    ),
+    # a release refused under the current token: its TTL ran out, nobody holds the lease
+    "after an expired release the lease is free": (
+        [
+            op("acquire", L, {"token": 1}, 0, 1),
+            release(1, False, 2),
+            op("acquire", L, "held", 4, 5),
+        ],
+        False,
+    ),
+    "after an expired release it is granted again": (
+        [
+            op("acquire", L, {"token": 1}, 0, 1),
+            release(1, False, 2),
+            op("acquire", L, {"token": 2}, 4, 5),
+        ],
+        True,
+    ),
+    "after an expired release its token cannot commit": (
+        [
+            CREATE,
+            op("acquire", L, {"token": 1}, 2, 3),
+            release(1, False, 4),
+            op("commit", under(1, "x"), ok("committed", 2), 6, 7),
+        ],
+        False,
+    ),
+    "a superseded token's refused release leaves the newer holder": (
+        [
+            op("acquire", L, {"token": 1}, 0, 1),
+            op("acquire", L, {"token": 2}, 2, 3),
+            release(1, False, 4),
+            op("acquire", L, "held", 6, 7),
+        ],
+        True,
+    ),
+    "a superseded token's release cannot succeed": (
+        [
+            op("acquire", L, {"token": 1}, 0, 1),
+            op("acquire", L, {"token": 2}, 2, 3),
+            release(1, True, 4),
+        ],
+        False,
+    ),
+    # -- a batch answers one result per item, as a list
+    "a batch answered per item": (
+        [CREATE, op("commit_many", {"items": [commit(A, 1, "x", {})]}, [ok("committed", 2)], 2, 3)],
+        True,
+    ),
+    "a batch answered with no list": (
+        [CREATE, op("commit_many", {"items": [commit(A, 1, "x", {})]}, None, 2, 3)],
+        False,
+    ),
+    "a batch answered with one result, not a list": (
+        [CREATE, op("commit_many", {"items": [commit(A, 1, "x", {})]}, ok("committed", 2), 2, 3)],
+        False,
+    ),
+    "a batch answered with a result too many": (
+        [
+            CREATE,
+            op(
+                "commit_many",
+                {"items": [commit(A, 1, "x", {})]},
+                [ok("committed", 2), ok("committed", 3)],
+                2,
+                3,
+            ),
+        ],
+        False,
+    ),
+    "a batch answered with a result too few": (
+        [
+            CREATE,
+            op(
+                "commit_many",
+                {"items": [commit(A, 1, "x", {}), commit(A, 2, "y", {})]},
+                [ok("committed", 2)],
+                2,
+                3,
+            ),
+        ],
+        False,
+    ),
+    # a batch of unknown outcome may have landed (then its writes are seen) or not
+    "an unknown batch that landed": (
+        [
+            CREATE,
+            op("commit_many", {"items": [commit(A, 1, "x", {"n": 1})]}, None, 2, None),
+            op("get", {"key": A}, {"version": 2, "state": {"n": 1}}, 4, 5),
+        ],
+        True,
+    ),
+    "an unknown batch that never landed": (
+        [
+            CREATE,
+            op("commit_many", {"items": [commit(A, 1, "x", {"n": 1})]}, None, 2, None),
+            op("get", {"key": A}, {"version": 1, "state": {}}, 4, 5),
+        ],
+        True,
+    ),
+    "an unknown batch lands whole or not at all": (
+        [
+            CREATE,
+            op(
+                "commit_many",
+                {"items": [commit(A, 1, "x", {"n": 1}), commit(A, 2, "y", {"n": 2})]},
+                None,
+                2,
+                None,
+            ),
+            op("get", {"key": A}, {"version": 2, "state": {"n": 1}}, 4, 5),
+        ],
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize(("history", "linearizable"), CASES.values(), ids=list(CASES))
+def test_each_verdict(history: list[Operation], linearizable: bool) -> None:
+    report = check_linearizable(history)
+    assert report.ok is linearizable, report.summary()
+
+
+def test_a_failure_names_what_it_placed_what_was_stuck_and_the_states() -> None:
+    history = [
+        CREATE,
+        op("acquire", L, {"token": 1}, 2, 3),
+        op("commit", under(1, "x"), ok("committed", 2), 4, 5),
+        op("get", {"key": A}, {"version": 7, "state": {}}, 20, 25),  # never written
+        op("get", {"key": A}, {"version": 8, "state": {}}, 22, 28),  # nor this
+    ]
+    report = check_linearizable(history)
+    assert report.ok is False
+    (part,) = report.partitions
+    assert part.ok is False and isinstance(part.nodes, int) and part.nodes >= len(history)
+    assert [o.index for o in part.order] == [0, 1, 2]
+    assert [o.index for o in part.stuck] == [3, 4]  # each once, the pending ones
+    assert part.states == [
+        "{lease:L: LeaseState(last=1, held=True), c:orders/a: RecordState(exists=True,"
+        ' version=2, state=\'{"r":"x"}\', fence=1, applied=frozenset(), tomb=0)}'
+    ]
+    assert report.summary().split("\n")[-4:] == [
+        "then none of these could be placed next:",
+        "  " + part.stuck[0].describe(),
+        "  " + part.stuck[1].describe(),
+        "model state(s) there: " + part.states[0],
+    ]
+
+
+_BAD: list[tuple[dict[str, Any], str]] = [
+    (
+        {"op": "upsert", "args": {"key": A}},
+        "op must be one of "
+        + repr(("create", "get", "delete", "commit", "commit_many", "acquire", "release"))
+        + ", not 'upsert'",
+    ),
+    ({"op": "get", "args": [A]}, "args must be an object"),
+    ({"op": "get", "args": {}}, "get args lack ['key']"),
+    ({"op": "get", "invoke": 5, "return": 2}, "return must be null or an integer >= invoke"),
+    ({"op": "get", "invoke": 5, "return": 5.0}, "return must be null or an integer >= invoke"),
+    ({"op": "get", "invoke": "1"}, "invoke must be an integer (ns)"),
+    ({"op": "get", "invoke": True}, "invoke must be an integer (ns)"),
+    ({"op": "get", "args": {"key": 7}}, "get key must be a string"),
+    ({"op": "create", "args": {"key": A}}, "create args lack ['state']"),
+    ({"op": "acquire", "args": {"name": 3}}, "acquire name must be a string"),
+    ({"op": "commit", "args": {"key": A, "expected": 1, "state": {}}}, "commit args lack ['root']"),
+    (
+        {"op": "commit", "args": commit(A, "1", "r", {})},
+        "commit expected must be an integer or null",
+    ),
+    (
+        {"op": "commit", "args": commit(A, True, "r", {})},
+        "commit expected must be an integer or null",
+    ),
+    ({"op": "commit", "args": commit(A, 1, 5, {})}, "commit root must be a string"),
+    (
+        {"op": "commit", "args": commit(A, 1, "r", {}, lease="L")},
+        "a commit under a lease needs its integer token",
+    ),
+    (
+        {"op": "commit", "args": commit(A, 1, "r", {}, lease="L", token=True)},
+        "a commit under a lease needs its integer token",
+    ),
+    (
+        {"op": "commit", "args": commit(A, 1, "r", {}, lease=5, token=1)},
+        "commit lease must be a string",
+    ),
+    ({"op": "commit_many", "args": {}}, "commit_many args lack ['items']"),
+    ({"op": "commit_many", "args": {"items": []}}, "commit_many items must be a non-empty list"),
+    (
+        {"op": "commit_many", "args": {"items": {"a": 1}}},
+        "commit_many items must be a non-empty list",
+    ),
+    ({"op": "commit_many", "args": {"items": [1]}}, "commit_many items must be objects"),
+    (
+        {"op": "commit_many", "args": {"items": [{"key": A}]}},
+        "commit args lack ['expected', 'root', 'state']",
+    ),
+    (
+        {"op": "commit_many", "args": {"items": [commit(A, "x", "r", {})]}},
+        "commit expected must be an integer or null",
+    ),
+    ({"op": "release", "args": {"name": "L"}}, "release args lack ['token']"),
+    ({"op": "release", "args": {"name": "L", "token": None}}, "release token must be an integer"),
+    ({"op": "release", "args": {"name": "L", "token": False}}, "release token must be an integer"),
+]
+
+
+@pytest.mark.parametrize(("fields", "message"), _BAD)
+def test_a_bad_operation_exactly(tmp_path: Path, fields: dict[str, Any], message: str) -> None:
+    event = {"event": "lin", "args": {"key": A}, "invoke": 1, "return": 2, **fields}
+    good = lin_event(CREATE)
+    with pytest.raises(HistoryError) as caught:
+        check_linearizable([good, event])
+    assert str(caught.value) == f"event 1: {message}"
+    kept = dict(event)
+    o = Operation(kept["op"], kept["args"], None, kept["invoke"], kept["return"])
+    with pytest.raises(HistoryError) as caught:
+        check_linearizable([CREATE, o])
+    assert str(caught.value) == f"operation 1: {message}"
+    path = tmp_path / "h.jsonl"
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(event) + "\n")
+    with pytest.raises(HistoryError) as caught:
+        read_lin_file(path)
+    assert str(caught.value) == f"{path}:3: {message}"
+
+
+def test_operations_read_from_a_file_are_numbered_when_judged(tmp_path: Path) -> None:
+    history = [CREATE, op("get", {"key": A}, {"version": 1, "state": {}}, 2, 3)]
+    sink = MemoryHistory()
+    for o in history:
+        write_lin(sink, o)
+    assert sink.events == [lin_event(o) for o in history]
+    path = tmp_path / "h.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in sink.events), encoding="utf-8")
+    ops, init = read_lin_file(path)
+    assert ops == history and init == {}
+    assert [o.index for o in ops] == [-1, -1]  # not numbered until judged
+    (part,) = check_linearizable(ops).partitions
+    assert [o.index for o in part.operations] == [0, 1]
+
+
+def test_a_history_file_is_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    state = {"name": "Zoë ✓"}
+    history = [op("create", {"key": A, "state": state}, {"version": 1}, 0, 1)]
+    path = tmp_path / "h.jsonl"
+    path.write_bytes((json.dumps(lin_event(history[0]), ensure_ascii=False) + "\n").encode())
+    assert read_lin_file(path)[0][0].args["state"] == state
+    # in a process whose locale encoding is ASCII (no UTF-8 mode, no locale coercion)
+    env = {
+        **os.environ,
+        "LC_ALL": "C",
+        "PYTHONUTF8": "0",
+        "PYTHONCOERCECLOCALE": "0",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    code = (
+        "import locale, sys; from fencing.testing import read_lin_file;"
+        "print(locale.getpreferredencoding(False), ascii(read_lin_file(sys.argv[1])[0][0].args))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True
+    )
+    assert out.stderr == "" and out.stdout.split(" ", 1)[1] == ascii(history[0].args) + "\n"
+
+
+def test_an_unknown_answer_shows_as_any() -> None:
+    from fencing.testing._linear_model import ANY
+
+    assert repr(ANY) == "ANY"
