@@ -166,6 +166,14 @@ CASES: dict[str, tuple[list[Event], list[tuple[str, str, tuple[int, ...]]]]] = {
         [v(2, 1, token=5), v(3, 3, intent="a"), v(4, 3, token=2), v(3, 2, intent="c")],
         [(FENCE, "token 2 wrote v4 after token 5 wrote v2", (1, 3))],
     ),
+    # the same with a token: line 2's own chain goes on through line 3 to token 5
+    "out of order: a commit under a token over its own version": (
+        [v(2, 1, token=5), v(3, 3, token=2, intent="s"), v(3, 2, intent="c")],
+        [
+            (LOST, "v3 of intent s lost: 2 commits produced v3", (2,)),
+            (FENCE, "token 2 wrote v3 after token 5 wrote v2", (1, 2)),
+        ],
+    ),
 }
 
 
