@@ -115,6 +115,65 @@ CASES: dict[str, tuple[list[Operation], bool]] = {
         ],
         False,
     ),
+    # a record's fence is the highest token that wrote it, whichever lease granted it
+    "a record written under a higher token fences a lower one of another lease": (
+        [
+            CREATE,
+            op("acquire", {"name": "M"}, {"token": 1}, 2, 3),
+            op("acquire", {"name": "M"}, {"token": 2}, 4, 5),
+            op("commit", commit(A, None, "m", {}, lease="M", token=2), ok("committed", 2), 6, 7),
+            op("acquire", L, {"token": 1}, 8, 9),
+            op("commit", under(1, "x"), ok("fenced", 2, reason="newer_owner"), 10, 11),
+        ],
+        True,
+    ),
+    # -- guards: a commit whose guard does not hold is stale, else it commits
+    "a guard that holds commits": (
+        [
+            op("create", {"key": A, "state": {"s": "new", "n": 1}}, {"version": 1}, 0, 1),
+            op("commit", commit(A, None, "x", {}, guard={"s": "new"}), ok("committed", 2), 2, 3),
+        ],
+        True,
+    ),
+    "a guard that does not hold is stale": (
+        [
+            op("create", {"key": A, "state": {"s": "new"}}, {"version": 1}, 0, 1),
+            op("commit", commit(A, None, "x", {}, guard={"s": "paid"}), ok("stale", 1), 2, 3),
+        ],
+        True,
+    ),
+    "a guard that does not hold cannot commit": (
+        [
+            op("create", {"key": A, "state": {"s": "new"}}, {"version": 1}, 0, 1),
+            op("commit", commit(A, None, "x", {}, guard={"s": "paid"}), ok("committed", 2), 2, 3),
+        ],
+        False,
+    ),
+    # -- a table commit (merge) sets only the columns it names
+    "a merge keeps the other columns": (
+        [
+            op("create", {"key": A, "state": {"a": 1, "b": 2}}, {"version": 1}, 0, 1),
+            op("commit", commit(A, 1, "x", {"b": 3}, merge=True), ok("committed", 2), 2, 3),
+            op("get", {"key": A}, {"version": 2, "state": {"a": 1, "b": 3}}, 4, 5),
+        ],
+        True,
+    ),
+    "a merge is not a replacement": (
+        [
+            op("create", {"key": A, "state": {"a": 1, "b": 2}}, {"version": 1}, 0, 1),
+            op("commit", commit(A, 1, "x", {"b": 3}, merge=True), ok("committed", 2), 2, 3),
+            op("get", {"key": A}, {"version": 2, "state": {"b": 3}}, 4, 5),
+        ],
+        False,
+    ),
+    "a commit without merge replaces the state": (
+        [
+            op("create", {"key": A, "state": {"a": 1, "b": 2}}, {"version": 1}, 0, 1),
+            op("commit", commit(A, 1, "x", {"b": 3}), ok("committed", 2), 2, 3),
+            op("get", {"key": A}, {"version": 2, "state": {"b": 3}}, 4, 5),
+        ],
+        True,
+    ),
     # -- a batch answers one result per item, as a list
     "a batch answered per item": (
         [CREATE, op("commit_many", {"items": [commit(A, 1, "x", {})]}, [ok("committed", 2)], 2, 3)],
