@@ -174,6 +174,34 @@ CASES: dict[str, tuple[list[Operation], bool]] = {
         ],
         True,
     ),
+    # -- states compare as JSON the stores keep: key order aside, 1.0 is 1, true is not 1
+    "a state read back with its keys in another order": (
+        [
+            op(
+                "create",
+                {"key": A, "state": {"a": 1, "b": [1.0, {"c": 2.0}]}},
+                {"version": 1},
+                0,
+                1,
+            ),
+            op("get", {"key": A}, {"version": 1, "state": {"b": [1, {"c": 2}], "a": 1.0}}, 2, 3),
+        ],
+        True,
+    ),
+    "a list read back with other items": (
+        [
+            op("create", {"key": A, "state": {"xs": [1, 2]}}, {"version": 1}, 0, 1),
+            op("get", {"key": A}, {"version": 1, "state": {"xs": [3, 4]}}, 2, 3),
+        ],
+        False,
+    ),
+    "true is not 1": (
+        [
+            op("create", {"key": A, "state": {"f": True}}, {"version": 1}, 0, 1),
+            op("get", {"key": A}, {"version": 1, "state": {"f": 1}}, 2, 3),
+        ],
+        False,
+    ),
     # -- a batch answers one result per item, as a list
     "a batch answered per item": (
         [CREATE, op("commit_many", {"items": [commit(A, 1, "x", {})]}, [ok("committed", 2)], 2, 3)],
