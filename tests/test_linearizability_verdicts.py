@@ -428,3 +428,26 @@ def test_an_unknown_answer_shows_as_any() -> None:
     from fencing.testing._linear_model import ANY
 
     assert repr(ANY) == "ANY"
+
+
+RECORD = (
+    "c:orders/a: RecordState(exists=True, version=1, state='{}', fence=0,"
+    " applied=frozenset(), tomb=0)"
+)
+
+
+@pytest.mark.parametrize(
+    ("how", "held"),
+    [
+        (release(1, True, 4), [False]),  # released
+        (release(1, False, 4), [False]),  # refused under its own token: the TTL ran out
+        (op("release", {"name": "L", "token": 1}, None, 4, None), [False, True]),  # or never
+    ],
+    ids=["released", "expired", "unknown"],
+)
+def test_the_lease_a_release_leaves_is_shown(how: Operation, held: list[bool]) -> None:
+    wrong = op("commit", under(1, "x"), ok("committed", 9), 20, 21)  # v9: never possible
+    history = [op("acquire", L, {"token": 1}, 0, 1), CREATE, how, wrong]
+    (part,) = check_linearizable(history).partitions
+    assert part.ok is False and [o.index for o in part.stuck] == [3]
+    assert part.states == [f"{{lease:L: LeaseState(last=1, held={h}), {RECORD}}}" for h in held]
