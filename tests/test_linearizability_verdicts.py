@@ -174,6 +174,15 @@ CASES: dict[str, tuple[list[Operation], bool]] = {
         ],
         True,
     ),
+    # -- a create over an existing record answers "exists", never a new version
+    "a second create answers exists": (
+        [CREATE, op("create", {"key": A, "state": {"n": 2}}, "exists", 2, 3)],
+        True,
+    ),
+    "a second create cannot create": (
+        [CREATE, op("create", {"key": A, "state": {"n": 2}}, {"version": 2}, 2, 3)],
+        False,
+    ),
     # -- states compare as JSON the stores keep: key order aside, 1.0 is 1, true is not 1
     "a state read back with its keys in another order": (
         [
