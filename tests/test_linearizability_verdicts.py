@@ -460,3 +460,19 @@ def test_the_lease_a_release_leaves_is_shown(how: Operation, held: list[bool]) -
     (part,) = check_linearizable(history).partitions
     assert part.ok is False and [o.index for o in part.stuck] == [3]
     assert part.states == [f"{{lease:L: LeaseState(last=1, held={h}), {RECORD}}}" for h in held]
+
+
+def test_a_deleted_record_is_shown_as_its_tombstone() -> None:
+    history = [
+        CREATE,
+        op("acquire", L, {"token": 1}, 2, 3),
+        op("commit", under(1, "x"), ok("committed", 2), 4, 5),
+        op("delete", {"key": A}, True, 6, 7),
+        op("get", {"key": A}, {"version": 2, "state": {"r": "x"}}, 8, 9),  # it is gone
+    ]
+    (part,) = check_linearizable(history).partitions
+    assert part.ok is False and [o.index for o in part.stuck] == [4]
+    assert part.states == [
+        "{lease:L: LeaseState(last=1, held=True), c:orders/a: RecordState(exists=False,"
+        " version=0, state='null', fence=0, applied=frozenset(), tomb=2)}"
+    ]
