@@ -183,6 +183,26 @@ CASES: dict[str, tuple[list[Operation], bool]] = {
         [CREATE, op("create", {"key": A, "state": {"n": 2}}, {"version": 2}, 2, 3)],
         False,
     ),
+    # a batch's commit counts toward a root committed more than once (then duplicate)
+    "a root committed in a batch, then again alone: duplicate": (
+        [
+            CREATE,
+            op("commit_many", {"items": [commit(A, 1, "x", {})]}, [ok("committed", 2)], 2, 3),
+            op("commit", commit(A, 1, "x", {}), ok("duplicate", 2), 4, 5),
+        ],
+        True,
+    ),
+    # an unknown commit overtaken by a newer version can no longer land: it is settled
+    "an unknown commit that can no longer land": (
+        [
+            CREATE,
+            op("commit", commit(A, 1, "u", {"n": 1}), None, 2, None),
+            op("commit", commit(A, 1, "y", {"n": 2}), ok("committed", 2), 4, 5),
+            op("get", {"key": A}, {"version": 2, "state": {"n": 2}}, 6, 7),
+            op("commit", commit(A, 2, "z", {"n": 3}), ok("committed", 3), 8, 9),
+        ],
+        True,
+    ),
     # -- states compare as JSON the stores keep: key order aside, 1.0 is 1, true is not 1
     "a state read back with its keys in another order": (
         [
@@ -476,3 +496,13 @@ def test_a_deleted_record_is_shown_as_its_tombstone() -> None:
         "{lease:L: LeaseState(last=1, held=True), c:orders/a: RecordState(exists=False,"
         " version=0, state='null', fence=0, applied=frozenset(), tomb=2)}"
     ]
+
+
+def test_an_unknown_read_is_not_placed() -> None:
+    history = [
+        CREATE,
+        op("get", {"key": A}, {"version": 7, "state": {}}, 2, None),  # never answered
+        op("get", {"key": A}, {"version": 1, "state": {}}, 4, 5),
+    ]
+    (part,) = check_linearizable(history).partitions
+    assert part.ok is True and [o.index for o in part.order] == [0, 2]
