@@ -506,3 +506,25 @@ def test_an_unknown_read_is_not_placed() -> None:
     ]
     (part,) = check_linearizable(history).partitions
     assert part.ok is True and [o.index for o in part.order] == [0, 2]
+
+
+def test_an_unknown_commit_that_cannot_land_is_settled_not_placed() -> None:
+    history = [
+        CREATE,
+        op("commit", commit(A, 1, "y", {"n": 2}), ok("committed", 2), 2, 3),
+        op("commit", commit(A, 1, "u", {"n": 1}), None, 4, None),  # v1 is gone by then
+        op("get", {"key": A}, {"version": 2, "state": {"n": 2}}, 6, 7),
+    ]
+    (part,) = check_linearizable(history).partitions
+    assert part.ok is True and [o.index for o in part.order] == [0, 1, 3]
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["create-first", "read-first"])
+def test_a_call_at_the_moment_of_a_return_overlaps_it(first: bool) -> None:
+    # the read is invoked at the nanosecond the create returns: either may come first
+    create = op("create", {"key": A, "state": {}}, {"version": 1}, 0, 5)
+    read = op("get", {"key": A}, None, 5, 6)
+    history = [create, read] if first else [read, create]
+    assert check_linearizable(history).ok is True
+    late = op("get", {"key": A}, None, 6, 7)  # a moment later it must see the record
+    assert check_linearizable([create, late]).ok is False
