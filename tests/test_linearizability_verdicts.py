@@ -528,3 +528,35 @@ def test_a_call_at_the_moment_of_a_return_overlaps_it(first: bool) -> None:
     assert check_linearizable(history).ok is True
     late = op("get", {"key": A}, None, 6, 7)  # a moment later it must see the record
     assert check_linearizable([create, late]).ok is False
+
+
+def test_an_operation_that_cannot_go_first_is_named() -> None:
+    history = [op("get", {"key": A}, {"version": 1, "state": {}}, 0, 1)]  # never created
+    (part,) = check_linearizable(history).partitions
+    assert part.ok is False and part.order == [] and [o.index for o in part.stuck] == [0]
+    assert part.states == [
+        "{c:orders/a: RecordState(exists=False, version=0, state='null', fence=0,"
+        " applied=frozenset(), tomb=0)}"
+    ]
+
+
+def test_the_budget_counts_one_node_per_operation_placed_in_order() -> None:
+    history = [
+        CREATE,
+        op("get", {"key": A}, {"version": 1, "state": {}}, 2, 3),
+        op("delete", {"key": A}, True, 4, 5),
+    ]
+    (enough,) = check_linearizable(history, budget=3).partitions
+    assert enough.ok is True and enough.nodes == 3
+    (short,) = check_linearizable(history, budget=2).partitions
+    assert short.ok is None and short.explain() == (
+        "partition [c:orders/a]: unknown, the search budget ran out after 3 nodes (3 operations)"
+    )
+
+
+def test_the_search_never_explores_the_same_placement_twice() -> None:
+    # eight overlapping reads, then an impossible one: 2**8 sets of reads placed, not 8!
+    # orders of them, before the search can tell the history is not linearizable
+    reads = [op("get", {"key": A}, {"version": 1, "state": {}}, 2, 10) for _ in range(8)]
+    wrong = op("get", {"key": A}, {"version": 5, "state": {}}, 11, 12)
+    assert check_linearizable([CREATE, *reads, wrong], budget=5_000).ok is False
