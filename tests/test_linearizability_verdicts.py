@@ -560,3 +560,31 @@ def test_the_search_never_explores_the_same_placement_twice() -> None:
     reads = [op("get", {"key": A}, {"version": 1, "state": {}}, 2, 10) for _ in range(8)]
     wrong = op("get", {"key": A}, {"version": 5, "state": {}}, 11, 12)
     assert check_linearizable([CREATE, *reads, wrong], budget=5_000).ok is False
+
+
+def test_unknown_operations_settled_then_undone_are_settled_again() -> None:
+    # once the record is deleted, the unknown commit expecting v1 can never land: it is
+    # settled (twice, as the search backs up over the first delete and tries again)
+    history = [
+        CREATE,
+        op("delete", {"key": A}, False, 18, 18),
+        op("delete", {"key": A}, True, 5, 8),
+        op("commit", commit(A, 1, "x", {}, lease="L", token=2), None, 6, None),
+        op("get", {"key": A}, {"version": 1, "state": {}}, 18, None),  # never placed
+    ]
+    (part,) = check_linearizable(history).partitions
+    assert part.ok is True and [o.index for o in part.order] == [0, 2, 1]
+
+
+def test_the_longest_prefix_after_backing_up_over_settled_operations() -> None:
+    # nothing granted token 2: its release cannot succeed; the search backs up over the
+    # unknown releases it settled on the way, and reports its longest prefix
+    history = [
+        release(1, False, 16),
+        op("release", {"name": "L", "token": 1}, None, 10, None),
+        op("release", {"name": "L", "token": 1}, True, 2, None),
+        op("release", {"name": "L", "token": 2}, True, 24, 29),
+    ]
+    (part,) = check_linearizable(history).partitions
+    assert part.ok is False
+    assert ([o.index for o in part.order], [o.index for o in part.stuck]) == ([2, 0], [3])
