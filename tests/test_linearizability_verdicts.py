@@ -588,3 +588,24 @@ def test_the_longest_prefix_after_backing_up_over_settled_operations() -> None:
     (part,) = check_linearizable(history).partitions
     assert part.ok is False
     assert ([o.index for o in part.order], [o.index for o in part.stuck]) == ([2, 0], [3])
+
+
+def test_records_given_before_the_history_start_from_their_version() -> None:
+    table = "t:orders/1"
+    history = [
+        op("get", {"key": table}, {"version": 3, "state": {"n": 1}}, 0, 1),
+        op("commit", commit(table, 3, "x", {"n": 2}, merge=True), ok("committed", 4), 2, 3),
+    ]
+    given = {table: {"version": 3, "state": {"n": 1}, "fence": 0}}
+    report = check_linearizable(history, init=given)
+    assert report.ok is True
+    (part,) = report.partitions
+    assert part.keys == [table] and part.explain() == (
+        "partition [t:orders/1]: linearizable (2 operations)"
+    )
+    assert check_linearizable(history).ok is False  # without it, there is no such row
+    # an init event in the history does the same; a row without a version is at v1
+    event = {"event": "init", "key": table, "state": {"n": 1}}
+    v1 = [op("get", {"key": table}, {"version": 1, "state": {"n": 1}}, 0, 1)]
+    assert check_linearizable([event, *v1]).ok is True
+    assert check_linearizable([{**event, "version": 3}, *v1]).ok is False
