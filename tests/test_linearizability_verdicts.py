@@ -609,3 +609,46 @@ def test_records_given_before_the_history_start_from_their_version() -> None:
     v1 = [op("get", {"key": table}, {"version": 1, "state": {"n": 1}}, 0, 1)]
     assert check_linearizable([event, *v1]).ok is True
     assert check_linearizable([{**event, "version": 3}, *v1]).ok is False
+
+
+@pytest.mark.parametrize(
+    ("history", "order", "stuck"),
+    [
+        (  # two deletes of one record both answered true: the second cannot be placed
+            [
+                CREATE,
+                op("delete", {"key": A}, True, 22, 30),
+                op("get", {"key": A}, None, 15, None),
+                op("delete", {"key": A}, True, 19, 24),
+            ],
+            [0, 1],
+            [3],
+        ),
+        (  # a duplicate of a root never committed: the search backs up over settled ones
+            [
+                CREATE,
+                op(
+                    "commit", commit(A, 2, "r0", {}, lease="L", token=1), ok("duplicate", 2), 28, 39
+                ),
+                op("commit", commit(A, 1, "r2", {}), ok("duplicate", 1), 6, None),
+                op(
+                    "commit",
+                    commit(A, 1, "r1", {}, lease="L", token=2),
+                    ok("fenced", 1),
+                    26,
+                    None,
+                ),
+                op("delete", {"key": A}, True, 8, 20),
+            ],
+            [0, 2, 4],
+            [1],
+        ),
+    ],
+    ids=["two-deletes", "duplicate-of-nothing"],
+)
+def test_the_longest_prefix_of_a_failure(
+    history: list[Operation], order: list[int], stuck: list[int]
+) -> None:
+    (part,) = check_linearizable(history).partitions
+    assert part.ok is False
+    assert ([o.index for o in part.order], [o.index for o in part.stuck]) == (order, stuck)
