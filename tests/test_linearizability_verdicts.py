@@ -652,3 +652,19 @@ def test_the_longest_prefix_of_a_failure(
     (part,) = check_linearizable(history).partitions
     assert part.ok is False
     assert ([o.index for o in part.order], [o.index for o in part.stuck]) == (order, stuck)
+
+
+def test_a_record_given_before_the_history_keeps_its_fence_and_state() -> None:
+    table = "t:orders/1"
+    acquire = op("acquire", L, {"token": 1}, 0, 1)
+    write = op(
+        "commit",
+        commit(table, None, "x", {}, lease="L", token=1),
+        ok("fenced", 1, reason="newer_owner"),  # token 5 wrote the row before
+        2,
+        3,
+    )
+    assert check_linearizable([acquire, write], init={table: {"fence": 5}}).ok is True
+    assert check_linearizable([acquire, write], init={table: {"fence": 1}}).ok is False
+    read = op("get", {"key": table}, {"version": 1, "state": {}}, 0, 1)  # no state: {}
+    assert check_linearizable([read], init={table: {}}).ok is True
