@@ -275,7 +275,7 @@ class _Checker:
                 for name in ("expected_version", "version", "applied_over", "token", "fence"):
                     _opt_int(ev, name, line)
         t = get("t")
-        if t is not None and type(t) is not float:
+        if t is not None and (type(t) is not float or t - t != 0.0):  # not finite: inf - inf is nan
             _check_t(ev, line)
         self.report.events += 1
         key = cast(Key, (collection, k))  # checked above
