@@ -203,10 +203,14 @@ def test_signed_but_invalid_intent_is_refused(body_text: str) -> None:
     assert signer.verify(forge("k1", K1, intent().to_json())) == intent()
 
 
-@pytest.mark.parametrize("value", [None, "i-1", intent().to_dict(), intent().to_json()])
-def test_sign_needs_an_intent(value: Any) -> None:
-    with pytest.raises(InvalidIntent):
+@pytest.mark.parametrize(
+    ("value", "name"),
+    [(None, "NoneType"), ("i-1", "str"), (intent().to_dict(), "dict"), (intent().to_json(), "str")],
+)
+def test_sign_needs_an_intent(value: Any, name: str) -> None:
+    with pytest.raises(InvalidIntent) as raised:
         Signer(keys={"k1": K1}, current="k1").sign(value)
+    assert str(raised.value) == f"can only sign an Intent, not {name}"
 
 
 @pytest.mark.parametrize(

@@ -66,6 +66,8 @@ from fencing._rules import (
 )
 from fencing._values import INTENT_FORMAT, MAX_INTENT_BYTES, MAX_VERSION
 
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
 
 def make_intent(**fields: Any) -> Intent:
     base: dict[str, Any] = {
@@ -369,6 +371,10 @@ def test_derive_keeps_the_work_and_changes_the_version() -> None:
     assert intent.derive(7, 2) == derived  # deterministic: a redelivery derives the same id
     again = derived.derive(9, 3)
     assert again.id == "i-1~3" and again.root_id == "i-1"
+    # the span that decided the work is still the one its derivations belong to
+    traced = make_intent(trace=TRACE)
+    assert traced.derive(7, 2).trace == TRACE and traced.derive(7, 2).derive(8, 3).trace == TRACE
+    assert intent.derive(7, 2).trace is None
 
 
 def test_derive_with_guard_only() -> None:
