@@ -386,6 +386,27 @@ def _nested(depth: int) -> list[Any]:
             re.escape(f"{_LIMIT_RULE} 10001"),
         ),
     ],
+    ids=[
+        "name with a space",
+        "empty name",
+        "name not a string",
+        "detail a set",
+        "detail NaN",
+        "detail too deep",
+        "detail too large",
+        "detail one byte over",
+        "detail lone surrogate",
+        "not an intent",
+        "another collection",
+        "mark not an effect",
+        "key not an effect key",
+        "no such effect",
+        "get not a key",
+        "limit 0",
+        "limit True",
+        "limit 10001",
+        "pending limit 10001",
+    ],
 )
 def test_bad_input_writes_nothing(
     store: Any, call: Any, error: type[Exception], message: str

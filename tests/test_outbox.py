@@ -223,6 +223,31 @@ _OPTIONS_SIZE = re.escape("outbox send options are at most 16384 bytes of JSON")
         (_message(options={"a": "x" * 16_377}), _OPTIONS_SIZE),
         (_message(options={"a": "é" * 8_189}), _OPTIONS_SIZE),
     ],
+    ids=[
+        "not a message",
+        "kind",
+        "task empty",
+        "task 513",
+        "task NUL",
+        "task not text",
+        "task surrogate",
+        "key empty",
+        "key 513",
+        "key NUL",
+        "key None",
+        "key surrogate",
+        "queue",
+        "payload empty",
+        "payload not text",
+        "payload surrogate",
+        "payload one byte over",
+        "payload two bytes over",
+        "options not a mapping",
+        "options key not a name",
+        "options not JSON",
+        "options one byte over",
+        "options two bytes over",
+    ],
 )
 def test_a_bad_message_is_refused_with_what_is_wrong(
     store: Any, message: object, error: str
@@ -282,18 +307,33 @@ def test_send_hands_the_guard_to_the_fenced_task(store: Any) -> None:
         ({"ttl": 0.09}, re.escape("a claim's ttl is from 0.1 second to one day")),
         ({"ttl": 86_400.5}, re.escape("a claim's ttl is from 0.1 second to one day")),
     ],
+    ids=[
+        "relay",
+        "kind",
+        "limit 0",
+        "limit 10001",
+        "limit True",
+        "limit 5.0",
+        "ttl True",
+        "ttl text",
+        "ttl NaN",
+        "ttl inf",
+        "ttl 0.09",
+        "ttl 86400.5",
+    ],
 )
 def test_a_bad_claim_is_refused_with_what_is_wrong(
     store: Any, args: dict[str, Any], error: str
 ) -> None:
     (a,) = _records(store, "a")
-    store.outbox.send(TASK, a, "ship")
+    row = store.outbox.send(TASK, a, "ship")
     claim = {"relay": "r", "kind": "celery", "limit": 100, "ttl": 30.0} | args
     relay, kind = claim.pop("relay"), claim.pop("kind")
     with pytest.raises(InvalidInput) as raised:
         store.outbox.claim(relay, kind, **claim)
     assert re.fullmatch(error, str(raised.value)), str(raised.value)
-    assert store.outbox.claim("r", "celery").rows[0].attempts == 0  # nothing was claimed
+    # nothing was claimed: the row is still there to claim
+    assert [r.id for r in store.outbox.claim("r", "celery").rows] == [row.id]
 
 
 def test_the_claim_bounds_are_inclusive(store: Any) -> None:
