@@ -728,6 +728,17 @@ def test_judge(
     assert judge(record, applied, intent, lease, row, now) is status
 
 
+def test_judge_takes_the_stores_own_guard_comparison_when_given() -> None:
+    """SQLite compares a guard's ``Decimal`` or ``datetime`` with the column's affinity,
+    which Python cannot repeat: its answer, when given, is the one that counts."""
+    intent = make_intent(expected_version=None, guard={"a": 1}, kind="table")
+    held, moved = make_record(state={"a": 1}), make_record(state={"a": 2})
+    assert judge(moved, False, intent, None, None, NOW) is Status.STALE
+    assert judge(moved, False, intent, None, None, NOW, guard_held=True) is Status.OK
+    assert judge(held, False, intent, None, None, NOW) is Status.OK
+    assert judge(held, False, intent, None, None, NOW, guard_held=False) is Status.STALE
+
+
 @pytest.mark.parametrize(
     ("guard", "state", "holds"),
     [
@@ -788,26 +799,27 @@ def test_lease_row_held_at() -> None:
 
 @pytest.mark.parametrize(
     "ttl",
-    [
-        0,
-        0.0,
-        -1,
-        MIN_TTL / 2,
-        MAX_TTL * 1.01,
-        1e18,
-        math.nan,
-        math.inf,
-        -math.inf,
-        True,
-        False,
-        "5",
-        None,
-        [5],
-    ],
+    [0, 0.0, -1, MIN_TTL / 2, MAX_TTL * 1.01, 1e18, math.nan, math.inf, -math.inf],
 )
-def test_check_ttl_refuses(ttl: object) -> None:
-    with pytest.raises(fencing.InvalidLeaseRequest):
+def test_check_ttl_refuses(ttl: float) -> None:
+    number = math.isfinite(ttl)
+    with pytest.raises(fencing.InvalidLeaseRequest) as raised:
         check_ttl(ttl)
+    assert str(raised.value) == (
+        f"ttl {ttl!r}s is outside 0.001s to 604800s (one week)"
+        if number
+        else f"ttl must be a finite number of seconds, not {ttl!r}"
+    )
+    with pytest.raises(fencing.InvalidLeaseRequest) as named:
+        check_ttl(ttl, "heartbeat")
+    assert str(named.value).startswith(f"heartbeat {ttl!r}s is" if number else "heartbeat must")
+
+
+@pytest.mark.parametrize("ttl", [True, False, "5", None, [5]])
+def test_check_ttl_refuses_what_is_not_a_number(ttl: object) -> None:
+    with pytest.raises(fencing.InvalidLeaseRequest) as raised:
+        check_ttl(ttl)
+    assert str(raised.value) == f"ttl must be a finite number of seconds, not {ttl!r}"
 
 
 @pytest.mark.parametrize("ttl", [MIN_TTL, 1, 0.5, 30, MAX_TTL])
