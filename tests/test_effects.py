@@ -15,7 +15,7 @@ import pytest
 
 import fencing
 from fencing import Contended, Effect, Fenced, Missing, Recompute, Reconcile, Stale
-from fencing._effects import effect_from_row, effect_key
+from fencing._effects import effect_from_row, effect_key, new_effect_row
 
 
 def _orders(store: Any) -> Any:
@@ -464,6 +464,25 @@ def test_an_effect_as_a_dict(store: Any) -> None:
         "recorded_at": fx.recorded_at,
         "updated_at": fx.updated_at,
     }
+
+
+def test_a_new_effect_row() -> None:
+    """What every backend inserts: keyed by the work's root id; the name checked here too
+    (a backend may be handed a row without the store's checks)."""
+    intent = fencing.Intent("i-1~2", "orders_t", 7, 3, "ship", kind="table")
+    assert new_effect_row("t:orders_t", intent, "label", '{"a":1}') == (
+        effect_key("t:orders_t", "i-1", "label"),
+        "t:orders_t",
+        "7",
+        "i-1",
+        "ship",
+        "label",
+        "pending",
+        '{"a":1}',
+    )
+    with pytest.raises(fencing.InvalidIdentifier) as raised:
+        new_effect_row("t:orders_t", intent, "bad name!", None)
+    assert str(raised.value) == f"effect name 'bad name!' {_NAME_RULE}"
 
 
 def test_an_effect_from_a_stored_row() -> None:

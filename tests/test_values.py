@@ -257,6 +257,71 @@ def test_to_json_is_compact_canonical_and_versioned() -> None:
     assert json.dumps(data, sort_keys=True, separators=(",", ":")) == text
 
 
+def test_an_intent_with_a_trace_is_written_in_format_3_and_read_back() -> None:
+    intent = make_intent(trace=TRACE, guard=None)
+    data = intent.to_dict()
+    assert data == {**make_intent(guard=None).to_dict(), "v": 3, "trace": TRACE}
+    assert json.loads(intent.to_json()) == data
+    for read in (Intent.from_json(intent.to_json()), Intent.from_dict(data)):
+        assert read == intent and read.trace == TRACE
+    tagged = make_intent(trace=TRACE, guard={"at": uuid.UUID(int=5)}, kind="table")
+    assert Intent.from_json(tagged.to_json()).guard == {"at": uuid.UUID(int=5)}
+    assert json.loads(tagged.to_json())["v"] == 3
+
+
+_BAD_TAG = "guard value for 'a' has an unknown tag 'x' (one of $decimal, $datetime, $date, $time,"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (5, "payload must be str or bytes, not int"),
+        ("[]", "expected a JSON object, got list"),
+        ('"intent"', "expected a JSON object, got str"),
+        ("[" * MAX_INTENT_BYTES, "JSON nested too deeply"),  # the largest payload is read
+        ("[" * (MAX_INTENT_BYTES + 1), "payload is 65537 bytes, above 65536"),
+        (payload(v=4), "format version 4 is not supported (this reads 1 to 3)"),
+        (payload(v="1"), "format version '1' is not supported (this reads 1 to 3)"),
+        (payload(v=2, trace=TRACE), "field 'trace' needs format 3, not 2"),
+        (payload(v=1, trace=TRACE), "field 'trace' needs format 3, not 1"),
+        (payload(v=2, guard={"a": {"x": "1"}}), _BAD_TAG),
+        (payload(v=3, guard={"a": {"x": "1"}}), _BAD_TAG),
+    ],
+    ids=[
+        "int",
+        "list",
+        "string",
+        "deepest",
+        "one byte over",
+        "format 4",
+        "format as text",
+        "trace in format 2",
+        "trace in format 1",
+        "bad tag in format 2",
+        "bad tag in format 3",
+    ],
+)
+def test_from_json_says_what_is_wrong(text: Any, problem: str) -> None:
+    with pytest.raises(InvalidIntent) as raised:
+        Intent.from_json(text)
+    assert str(raised.value).startswith(f"invalid intent: {problem}")
+    if not problem.endswith(","):
+        assert str(raised.value) == f"invalid intent: {problem}"
+
+
+def test_a_format_1_guard_is_read_as_it_is() -> None:
+    """Only formats 2 and 3 tag guard values: in format 1 an object is a plain value
+    (refused as a guard value, by the intent's own check, not read as a tag)."""
+    with pytest.raises(InvalidIntent) as raised:
+        Intent.from_json(payload(v=1, kind="table", guard={"a": {"$uuid": str(uuid.UUID(int=5))}}))
+    assert str(raised.value) == (
+        "invalid intent: guard value for 'a' takes a string, number, boolean, None, Decimal,"
+        " datetime, date, time, timedelta, UUID or bytes (or an enum of those), not dict"
+    )
+    tagged = payload(v=2, kind="table", guard={"a": {"$uuid": str(uuid.UUID(int=5))}})
+    assert Intent.from_json(tagged).guard == {"a": uuid.UUID(int=5)}
+
+
 @pytest.mark.parametrize("name", ["extra", "V", "Id", "lease", ""])
 def test_from_json_refuses_unknown_field(name: str) -> None:
     with pytest.raises(InvalidIntent, match="unknown field"):
