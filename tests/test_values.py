@@ -322,6 +322,55 @@ def test_a_format_1_guard_is_read_as_it_is() -> None:
     assert Intent.from_json(tagged).guard == {"a": uuid.UUID(int=5)}
 
 
+_NAME_RULE = (
+    "is not allowed: use 1 to 128 letters, digits and '_ - . : /', starting with a letter or digit"
+)
+_TRACE_RULE = "trace must be a W3C traceparent ('00-<32 hex>-<16 hex>-<2 hex>')"
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"id": "a b"}, "id 'a b' must be 1-128 of letters, digits and '_ . : ~ -'"),
+        ({"kind": "other"}, "kind 'other' must be 'collection' or 'table'"),
+        ({"collection": "or ders"}, f"collection name 'or ders' {_NAME_RULE}"),
+        ({"collection": "or ders", "kind": "table"}, f"table name 'or ders' {_NAME_RULE}"),
+        ({"transition": "ship it"}, f"transition name 'ship it' {_NAME_RULE}"),
+        ({"expected_version": -1}, "expected_version -1 must be an integer from 0 to 2**63-1"),
+        ({"expected_version": None}, "an intent needs an expected_version, a guard, or both"),
+        ({"decided_at": math.nan}, "decided_at nan must be a finite number"),
+        ({"trace": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331"}, _TRACE_RULE),
+        ({"trace": 5}, _TRACE_RULE),
+    ],
+    ids=[
+        "id",
+        "kind",
+        "collection",
+        "table",
+        "transition",
+        "expected_version",
+        "no version nor guard",
+        "decided_at",
+        "trace",
+        "trace not text",
+    ],
+)
+def test_a_bad_intent_says_what_is_wrong(fields: dict[str, Any], problem: str) -> None:
+    with pytest.raises(InvalidIntent) as raised:
+        make_intent(**fields)
+    assert str(raised.value) == f"invalid intent: {problem}"
+
+
+def test_a_new_intent_carries_the_current_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fencing._observe import HUB
+
+    assert Intent.new("orders", "o-1", 3, "ship").trace is None
+    monkeypatch.setattr(HUB, "trace", lambda: TRACE)
+    assert Intent.new("orders", "o-1", 3, "ship").trace == TRACE
+    monkeypatch.setattr(HUB, "trace", lambda: None)  # no span: no trace
+    assert Intent.new("orders", "o-1", 3, "ship").trace is None
+
+
 @pytest.mark.parametrize("name", ["extra", "V", "Id", "lease", ""])
 def test_from_json_refuses_unknown_field(name: str) -> None:
     with pytest.raises(InvalidIntent, match="unknown field"):
@@ -1085,6 +1134,12 @@ def test_outcome_for(status: Status, expected: type, reason: FenceReason | None)
     if reason is not None:
         assert isinstance(outcome, Fenced) and outcome.reason is reason
     assert isinstance(outcome_for(CommitResult(Status.STALE, None), intent), Missing)
+
+
+def test_outcome_for_a_probe_only_status_is_a_bug_said_plainly() -> None:
+    with pytest.raises(AssertionError) as raised:
+        outcome_for(CommitResult(Status.OK, make_record()), make_intent())
+    assert str(raised.value) == "unexpected status Status.OK"
 
 
 def test_flow_skip_commits_nothing() -> None:
