@@ -31,6 +31,7 @@ def test_a_null_version_is_a_schema_error(store: Any, make_table: Any) -> None:
     assert plain.get(1).state["status"] == "new"
 
 
+@pytest.mark.backends(only=lambda name: name.startswith(("memory", "sqlite", "postgres")))
 def test_a_null_or_non_integer_version_says_which_row_and_column(
     store: Any, make_table: Any
 ) -> None:
