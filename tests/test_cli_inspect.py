@@ -16,7 +16,7 @@ import pytest
 import fencing
 from fencing._cli import main
 from fencing._outbox import OutboxMessage
-from fencing._request import Target
+from fencing._request import ScopeStats, Target, effect_counts, scope_stats
 
 from ._backends import CASES, TABLE_COLUMNS
 
@@ -118,6 +118,61 @@ def test_stats_lists_a_guarded_table_before_any_commit(
 def test_stats_of_an_empty_store(store: Any) -> None:
     found = _backend_call(store, "stats")
     assert found.scopes == () and found.leases_held == 0
+
+
+@pytest.mark.backends(only=lambda name: name.startswith(("memory", "sqlite", "postgres")))
+def test_stats_of_a_collection_emptied_with_effects_settled_in_two_states(store: Any) -> None:
+    """Its records deleted, a collection is still listed (0 records) while it has applied
+    intents or effects; the effects needing reconciling are counted across states."""
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 0})
+    charged, mailed = orders.intent("o-1", "charge"), orders.intent("o-1", "mail")
+    orders.effect(charged, "charge")
+    orders.effect_done(orders.effect(mailed, "email"))
+    assert orders.commit(orders.intent("o-1", "move"), {"n": 1}).committed
+    for late in (charged, mailed):
+        assert isinstance(orders.commit(late, {"n": 2}), fencing.Stale)
+    assert orders.delete("o-1")
+    (found,) = _backend_call(store, "stats").scopes
+    assert (found.scope, found.records, found.applied, found.leases_held) == ("c:orders", 0, 1, 0)
+    assert dict(found.effects) == {"pending": 1, "done": 1, "failed": 0, "reconcile": 2}
+
+
+def test_scope_stats_fills_in_what_a_store_did_not_count() -> None:
+    """Every SQL store and Redis hand their counts to ``scope_stats``: a scope missing
+    from a count is 0 of it (a table missing from ``records``: None, its rows unknown);
+    leases held are counted by name (``<name>/``) or, where a store names them so, by
+    scope."""
+    found = scope_stats(
+        {"t:gone": None, "c:kept": 4},
+        {"c:empty": 2, "t:new": 1},
+        {"c:fx": {"done": 1, "reconcile": 1}},
+        {"t:new": 3, "fx": 1, "new": 7},
+    )
+    zero = {"pending": 0, "done": 0, "failed": 0, "reconcile": 0}
+    assert found == (
+        ScopeStats("c:empty", 0, 2, zero, 0),
+        ScopeStats("c:fx", 0, 0, {**zero, "done": 1, "reconcile": 1}, 1),
+        ScopeStats("c:kept", 4, 0, zero, 0),
+        ScopeStats("t:gone", None, 0, zero, 0),
+        ScopeStats("t:new", None, 1, zero, 3),
+    )
+
+
+def test_effect_counts_sum_by_scope_and_state() -> None:
+    """SQL stores read ``(scope, status, count, needing reconciling)`` rows; a state this
+    version does not know (a newer one wrote it) is counted under its own name."""
+    rows = [
+        ("c:a", "pending", 2, 1),
+        ("c:a", "done", 1, 1),
+        ("c:a", "done", 3, 0),
+        ("t:b", "failed", 3, None),
+        ("t:b", "cancelled", 2, 2),
+    ]
+    assert effect_counts(rows) == {
+        "c:a": {"pending": 2, "done": 4, "failed": 0, "reconcile": 2},
+        "t:b": {"pending": 0, "done": 0, "failed": 3, "reconcile": 2, "cancelled": 2},
+    }
 
 
 @pytest.fixture

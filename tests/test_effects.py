@@ -7,6 +7,7 @@ are then listed for reconciliation until marked reconciled.
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 
 import fencing
 from fencing import Contended, Effect, Fenced, Missing, Recompute, Reconcile, Stale
-from fencing._effects import effect_key
+from fencing._effects import effect_from_row, effect_key, new_effect_row
 
 
 def _orders(store: Any) -> Any:
@@ -272,36 +273,249 @@ def test_concurrent_recording_makes_one_effect(store: Any, backend_name: str) ->
     assert len(orders.effects(intent)) == 1
 
 
+_NAME_RULE = (
+    "is not allowed: use 1 to 128 letters, digits and '_ - . : /', starting with a letter or digit"
+)
+_KEY_RULE = "is not an effect's idempotency key (fx_ and 40 hex digits)"
+_LIMIT_RULE = "limit must be an integer from 1 to 10000, not"
+
+
+def _nested(depth: int) -> list[Any]:
+    detail: list[Any] = []
+    for _ in range(depth):
+        detail = [detail]
+    return detail
+
+
 @pytest.mark.parametrize(
-    ("call", "error"),
+    ("call", "error", "message"),
     [
-        (lambda o, i, s: o.effect(i, "bad name!"), fencing.InvalidIdentifier),
-        (lambda o, i, s: o.effect(i, ""), fencing.InvalidIdentifier),
-        (lambda o, i, s: o.effect(i, 7), fencing.InvalidIdentifier),
-        (lambda o, i, s: o.effect(i, "charge", detail={1, 2}), fencing.InvalidState),
-        (lambda o, i, s: o.effect(i, "charge", detail=float("nan")), fencing.InvalidState),
-        (lambda o, i, s: o.effect(i, "charge", detail="x" * 20_000), fencing.InvalidState),
-        (lambda o, i, s: o.effect(i, "charge", detail="\ud800"), fencing.InvalidState),
-        (lambda o, i, s: o.effect("not an intent", "charge"), fencing.InvalidIntent),
+        (
+            lambda o, i, s: o.effect(i, "bad name!"),
+            fencing.InvalidIdentifier,
+            re.escape(f"effect name 'bad name!' {_NAME_RULE}"),
+        ),
+        (
+            lambda o, i, s: o.effect(i, ""),
+            fencing.InvalidIdentifier,
+            re.escape(f"effect name '' {_NAME_RULE}"),
+        ),
+        (
+            lambda o, i, s: o.effect(i, 7),
+            fencing.InvalidIdentifier,
+            re.escape(f"effect name 7 {_NAME_RULE}"),
+        ),
+        (
+            lambda o, i, s: o.effect(i, "charge", detail={1, 2}),
+            fencing.InvalidState,
+            re.escape("effect detail must be JSON-serialisable: ") + ".*set.*",
+        ),
+        (
+            lambda o, i, s: o.effect(i, "charge", detail=float("nan")),
+            fencing.InvalidState,
+            re.escape("effect detail must be JSON-serialisable: ") + ".*float.*",
+        ),
+        (
+            lambda o, i, s: o.effect(i, "charge", detail=_nested(100_000)),
+            fencing.InvalidState,
+            re.escape("effect detail is nested too deeply"),
+        ),
+        (
+            lambda o, i, s: o.effect(i, "charge", detail="x" * 20_000),
+            fencing.InvalidState,
+            re.escape("effect detail is larger than 16384 bytes of JSON"),
+        ),
+        (  # one byte over: the quotes and 16,383 characters
+            lambda o, i, s: o.effect(i, "charge", detail="x" * 16_383),
+            fencing.InvalidState,
+            re.escape("effect detail is larger than 16384 bytes of JSON"),
+        ),
+        (
+            lambda o, i, s: o.effect(i, "charge", detail="\ud800"),
+            fencing.InvalidState,
+            re.escape("effect detail holds a lone surrogate"),
+        ),
+        (
+            lambda o, i, s: o.effect("not an intent", "charge"),
+            fencing.InvalidIntent,
+            re.escape("expected an Intent, got str"),
+        ),
         (
             lambda o, i, s: s.collection("other").effect(i, "charge"),
             fencing.InvalidIntent,
+            re.escape("intent for collection 'orders' cannot commit to collection 'other'"),
         ),
-        (lambda o, i, s: o.effect_done("fx_0"), fencing.InvalidInput),
-        (lambda o, i, s: s.mark_reconciled("nope"), fencing.InvalidInput),
-        (lambda o, i, s: s.mark_reconciled("fx_" + "0" * 40), fencing.RecordNotFound),
-        (lambda o, i, s: s.get_effect(12), fencing.InvalidInput),
-        (lambda o, i, s: s.effects_to_reconcile(limit=0), fencing.InvalidInput),
-        (lambda o, i, s: s.effects_to_reconcile(limit=True), fencing.InvalidInput),
+        (
+            lambda o, i, s: o.effect_done("fx_0"),
+            fencing.InvalidInput,
+            re.escape("expected an Effect, got str"),
+        ),
+        (
+            lambda o, i, s: s.mark_reconciled("nope"),
+            fencing.InvalidInput,
+            re.escape(f"'nope' {_KEY_RULE}"),
+        ),
+        (
+            lambda o, i, s: s.mark_reconciled("fx_" + "0" * 40),
+            fencing.RecordNotFound,
+            re.escape(f"no effect fx_{'0' * 40} in this store"),
+        ),
+        (
+            lambda o, i, s: s.get_effect(12),
+            fencing.InvalidInput,
+            re.escape(f"12 {_KEY_RULE}"),
+        ),
+        (
+            lambda o, i, s: s.effects_to_reconcile(limit=0),
+            fencing.InvalidInput,
+            re.escape(f"{_LIMIT_RULE} 0"),
+        ),
+        (
+            lambda o, i, s: s.effects_to_reconcile(limit=True),
+            fencing.InvalidInput,
+            re.escape(f"{_LIMIT_RULE} True"),
+        ),
+        (
+            lambda o, i, s: s.effects_to_reconcile(limit=10_001),
+            fencing.InvalidInput,
+            re.escape(f"{_LIMIT_RULE} 10001"),
+        ),
+        (
+            lambda o, i, s: s.pending_effects(limit=10_001),
+            fencing.InvalidInput,
+            re.escape(f"{_LIMIT_RULE} 10001"),
+        ),
+    ],
+    ids=[
+        "name with a space",
+        "empty name",
+        "name not a string",
+        "detail a set",
+        "detail NaN",
+        "detail too deep",
+        "detail too large",
+        "detail one byte over",
+        "detail lone surrogate",
+        "not an intent",
+        "another collection",
+        "mark not an effect",
+        "key not an effect key",
+        "no such effect",
+        "get not a key",
+        "limit 0",
+        "limit True",
+        "limit 10001",
+        "pending limit 10001",
     ],
 )
-def test_bad_input_writes_nothing(store: Any, call: Any, error: type[Exception]) -> None:
+def test_bad_input_writes_nothing(
+    store: Any, call: Any, error: type[Exception], message: str
+) -> None:
     orders = _orders(store)
     intent = orders.intent("o-1", "charge")
-    with pytest.raises(error):
+    with pytest.raises(error) as raised:
         call(orders, intent, store)
+    assert re.fullmatch(message, str(raised.value)), str(raised.value)
     assert orders.effects(intent) == []
     assert store.effects_to_reconcile() == []
+
+
+def test_the_largest_limit_and_detail_are_taken(store: Any) -> None:
+    orders = _orders(store)
+    intent = orders.intent("o-1", "charge")
+    assert store.effects_to_reconcile(limit=10_000) == []
+    assert store.pending_effects(older_than=0, limit=10_000) == []
+    # 16,384 bytes of JSON exactly: the quotes and 16,382 characters
+    largest = orders.effect(intent, "charge", detail="x" * 16_382)
+    assert len(largest.detail) == 16_382
+    # compact JSON (no spaces after "," and ":"): 12,007 bytes, 18,007 with them
+    listed = orders.effect(intent, "list", detail={"n": [1] * 6_000})
+    assert listed.detail == {"n": [1] * 6_000}
+
+
+def test_a_detail_is_stored_as_canonical_json(store: Any) -> None:
+    """Keys sorted at every depth, whatever order they were given in: read back, the
+    detail's keys come in that order."""
+    orders = _orders(store)
+    intent = orders.intent("o-1", "charge")
+    fx = orders.effect(intent, "charge", detail={"b": 1, "a": {"d": 2, "c": 3}})
+    (stored,) = orders.effects(intent)
+    for read in (fx, stored, store.get_effect(fx.idempotency_key)):
+        assert read.detail == {"a": {"c": 3, "d": 2}, "b": 1}
+        assert list(read.detail) == ["a", "b"] and list(read.detail["a"]) == ["c", "d"]
+
+
+def test_an_effect_as_a_dict(store: Any) -> None:
+    orders = _orders(store)
+    intent = orders.intent("o-1", "charge")
+    fx = orders.effect(intent, "payment", detail={"amount": 10})
+    assert fx.to_dict() == {
+        "idempotency_key": effect_key("c:orders", intent.root_id, "payment"),
+        "kind": "collection",
+        "collection": "orders",
+        "key": "o-1",
+        "intent_id": intent.id,
+        "transition": "charge",
+        "name": "payment",
+        "status": "pending",
+        "detail": {"amount": 10},
+        "outcome": None,
+        "reconciled": False,
+        "recorded_at": fx.recorded_at,
+        "updated_at": fx.updated_at,
+    }
+
+
+def test_a_new_effect_row() -> None:
+    """What every backend inserts: keyed by the work's root id; the name checked here too
+    (a backend may be handed a row without the store's checks)."""
+    intent = fencing.Intent("i-1~2", "orders_t", 7, 3, "ship", kind="table")
+    assert new_effect_row("t:orders_t", intent, "label", '{"a":1}') == (
+        effect_key("t:orders_t", "i-1", "label"),
+        "t:orders_t",
+        "7",
+        "i-1",
+        "ship",
+        "label",
+        "pending",
+        '{"a":1}',
+    )
+    with pytest.raises(fencing.InvalidIdentifier) as raised:
+        new_effect_row("t:orders_t", intent, "bad name!", None)
+    assert str(raised.value) == f"effect name 'bad name!' {_NAME_RULE}"
+
+
+def test_an_effect_from_a_stored_row() -> None:
+    """Every backend reads its row through ``effect_from_row``: each column to its field."""
+    row = (
+        "fx_" + "a" * 40,
+        "t:orders_t",
+        "7",
+        "i-1",
+        "ship",
+        "label",
+        "failed",
+        '{"why":"down"}',
+        "stale",
+        12.5,
+        10.25,
+        11.75,
+    )
+    assert effect_from_row(row) == Effect(
+        idempotency_key="fx_" + "a" * 40,
+        kind="table",
+        collection="orders_t",
+        key=7,
+        intent_id="i-1",
+        transition="ship",
+        name="label",
+        status="failed",
+        detail={"why": "down"},
+        outcome="stale",
+        reconciled=True,
+        recorded_at=10.25,
+        updated_at=11.75,
+    )
 
 
 def test_marking_an_effect_of_another_collection_is_refused(store: Any) -> None:

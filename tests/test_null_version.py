@@ -29,3 +29,20 @@ def test_a_null_version_is_a_schema_error(store: Any, make_table: Any) -> None:
     with pytest.raises(fencing.SchemaError, match="NULL"):
         table.apply(intent, lambda r: {"status": "shipped"})
     assert plain.get(1).state["status"] == "new"
+
+
+@pytest.mark.backends(only=lambda name: name.startswith(("memory", "sqlite", "postgres")))
+def test_a_null_or_non_integer_version_says_which_row_and_column(
+    store: Any, make_table: Any
+) -> None:
+    make_table("orders_t", [{"id": 1, "status": "new"}], version=None)
+    with pytest.raises(fencing.SchemaError) as null:
+        store.table("orders_t", key="id", version="total").get(1)
+    assert str(null.value) == (
+        "table 'orders_t' row 1 has NULL in its version column 'total': a guarded table's"
+        " version column must be an integer, NOT NULL (fencing migrate URL --guard-table"
+        " adds the guard)"
+    )
+    with pytest.raises(fencing.SchemaError) as text:
+        store.table("orders_t", key="id", version="status").get(1)
+    assert str(text.value) == "table 'orders_t' row 1 has a non-integer version in column 'status'"

@@ -159,7 +159,20 @@ def test_unsigned_plain_json_is_refused() -> None:
         b"\xff\xfe",
         b"k1.\x80.\x81",
     ],
-    ids=lambda g: repr(g)[:20],
+    ids=[
+        "empty",
+        "one dot",
+        "two dots",
+        "three dots",
+        "empty parts",
+        "four parts",
+        "not base64",
+        "long",
+        "long payload",
+        "NUL",
+        "bytes not UTF-8",
+        "bytes not ASCII",
+    ],
 )
 def test_garbage_is_refused(garbage: str | bytes) -> None:
     signer = Signer(keys={"k1": K1}, current="k1")
@@ -203,35 +216,106 @@ def test_signed_but_invalid_intent_is_refused(body_text: str) -> None:
     assert signer.verify(forge("k1", K1, intent().to_json())) == intent()
 
 
-@pytest.mark.parametrize("value", [None, "i-1", intent().to_dict(), intent().to_json()])
-def test_sign_needs_an_intent(value: Any) -> None:
-    with pytest.raises(InvalidIntent):
+@pytest.mark.parametrize(
+    ("value", "name"),
+    [(None, "NoneType"), ("i-1", "str"), (intent().to_dict(), "dict"), (intent().to_json(), "str")],
+)
+def test_sign_needs_an_intent(value: Any, name: str) -> None:
+    with pytest.raises(InvalidIntent) as raised:
         Signer(keys={"k1": K1}, current="k1").sign(value)
+    assert str(raised.value) == f"can only sign an Intent, not {name}"
+
+
+_KEY_ID = (
+    "key ids must be strings of 1-32 letters, digits, _ or -"
+    " (one is a {}; keys maps key id -> secret bytes)"
+)
+_SHORT = "key {!r} must be at least 16 bytes (use secrets.token_bytes(32))"
+_CURRENT = "current must be one of the key ids ['k1']; it is not"
 
 
 @pytest.mark.parametrize(
-    ("keys", "current"),
+    ("keys", "current", "message"),
     [
-        ({}, "k1"),
-        ({"k1": K1}, "k2"),
-        ({"k1": K1}, None),
-        ({"k1": b"short"}, "k1"),
-        ({"k1": b""}, "k1"),
-        ({"k1": K1.decode()}, "k1"),
-        ({"k1": None}, "k1"),
-        ({"": K1}, ""),
-        ({"k 1": K1}, "k 1"),
-        ({"k.1": K1}, "k.1"),
-        ({"k" * 33: K1}, "k" * 33),
-        ({"ключ": K1}, "ключ"),
-        ({1: K1}, 1),
-        ({"k1": K1, "k2": b"x"}, "k1"),
+        ({}, "k1", "a Signer needs at least one key"),
+        ({"k1": K1}, "k2", _CURRENT),
+        ({"k1": K1}, None, _CURRENT),
+        ({"k1": b"short"}, "k1", _SHORT.format("k1")),
+        ({"k1": b""}, "k1", _SHORT.format("k1")),
+        ({"k1": K1.decode()}, "k1", _SHORT.format("k1")),
+        ({"k1": None}, "k1", _SHORT.format("k1")),
+        ({"": K1}, "", _KEY_ID.format("str")),
+        ({"k 1": K1}, "k 1", _KEY_ID.format("str")),
+        ({"k.1": K1}, "k.1", _KEY_ID.format("str")),
+        ({"k" * 33: K1}, "k" * 33, _KEY_ID.format("str")),
+        ({"ключ": K1}, "ключ", _KEY_ID.format("str")),
+        ({1: K1}, 1, _KEY_ID.format("int")),
+        ({"k1": K1, "k2": b"x"}, "k1", _SHORT.format("k2")),
     ],
-    ids=lambda v: repr(v)[:30],
+    ids=[
+        "no key",
+        "current unknown",
+        "current None",
+        "short secret",
+        "empty secret",
+        "text secret",
+        "None secret",
+        "empty id",
+        "id with a space",
+        "id with a dot",
+        "id of 33",
+        "id not ASCII",
+        "id not text",
+        "one short secret",
+    ],
 )
-def test_bad_key_config_is_a_configuration_error(keys: Any, current: Any) -> None:
-    with pytest.raises(ConfigurationError):
+def test_bad_key_config_is_a_configuration_error(keys: Any, current: Any, message: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
         Signer(keys=keys, current=current)
+    assert str(raised.value) == message
+
+
+def _mac(body: str) -> str:
+    return b64(hmac.new(K1, f"k1.{body}".encode(), hashlib.sha256).digest())
+
+
+_NOT_SIGNED = "intent is not signed (expected '<key id>.<payload>.<mac>')"
+_LARGE = "signed intent is too large or not ASCII"
+
+
+@pytest.mark.parametrize(
+    ("token", "message"),
+    [
+        (b"\xff\xfe", "signed intent is not ASCII"),
+        (5, "signed intent must be a string, not int"),
+        (None, "signed intent must be a string, not NoneType"),
+        (bytearray(b"k1.a.b"), "signed intent must be a string, not bytearray"),
+        ("k1.\u00e9.x", _LARGE),
+        ("a" * (2 * 64 * 1024 + 1), _LARGE),
+        ("a" * (2 * 64 * 1024), _NOT_SIGNED),  # at most twice the largest intent: read
+        ("k1.x.y.z", _NOT_SIGNED),
+        ("k9.a.b", "intent is signed with unknown key id 'k9'"),
+        ("k1.a.b", "intent signature does not match: the message was tampered with"),
+        ("k1.A." + _mac("A"), "signed intent is not valid base64url"),
+    ],
+    ids=[
+        "bytes not ASCII",
+        "int",
+        "None",
+        "bytearray",
+        "text not ASCII",
+        "one over twice the largest intent",
+        "twice the largest intent",
+        "four parts",
+        "unknown key id",
+        "wrong MAC",
+        "signed but not base64url",
+    ],
+)
+def test_a_refused_token_says_why(token: Any, message: str) -> None:
+    with pytest.raises(InvalidIntent) as raised:
+        Signer(keys={"k1": K1}, current="k1").verify(token)
+    assert str(raised.value) == message
 
 
 def test_signer_does_not_share_the_callers_key_dict() -> None:

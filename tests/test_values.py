@@ -66,6 +66,8 @@ from fencing._rules import (
 )
 from fencing._values import INTENT_FORMAT, MAX_INTENT_BYTES, MAX_VERSION
 
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
 
 def make_intent(**fields: Any) -> Intent:
     base: dict[str, Any] = {
@@ -255,6 +257,120 @@ def test_to_json_is_compact_canonical_and_versioned() -> None:
     assert json.dumps(data, sort_keys=True, separators=(",", ":")) == text
 
 
+def test_an_intent_with_a_trace_is_written_in_format_3_and_read_back() -> None:
+    intent = make_intent(trace=TRACE, guard=None)
+    data = intent.to_dict()
+    assert data == {**make_intent(guard=None).to_dict(), "v": 3, "trace": TRACE}
+    assert json.loads(intent.to_json()) == data
+    for read in (Intent.from_json(intent.to_json()), Intent.from_dict(data)):
+        assert read == intent and read.trace == TRACE
+    tagged = make_intent(trace=TRACE, guard={"at": uuid.UUID(int=5)}, kind="table")
+    assert Intent.from_json(tagged.to_json()).guard == {"at": uuid.UUID(int=5)}
+    assert json.loads(tagged.to_json())["v"] == 3
+
+
+_BAD_TAG = "guard value for 'a' has an unknown tag 'x' (one of $decimal, $datetime, $date, $time,"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (5, "payload must be str or bytes, not int"),
+        ("[]", "expected a JSON object, got list"),
+        ('"intent"', "expected a JSON object, got str"),
+        ("[" * MAX_INTENT_BYTES, "JSON nested too deeply"),  # the largest payload is read
+        ("[" * (MAX_INTENT_BYTES + 1), "payload is 65537 bytes, above 65536"),
+        (payload(v=4), "format version 4 is not supported (this reads 1 to 3)"),
+        (payload(v="1"), "format version '1' is not supported (this reads 1 to 3)"),
+        (payload(v=2, trace=TRACE), "field 'trace' needs format 3, not 2"),
+        (payload(v=1, trace=TRACE), "field 'trace' needs format 3, not 1"),
+        (payload(v=2, guard={"a": {"x": "1"}}), _BAD_TAG),
+        (payload(v=3, guard={"a": {"x": "1"}}), _BAD_TAG),
+    ],
+    ids=[
+        "int",
+        "list",
+        "string",
+        "deepest",
+        "one byte over",
+        "format 4",
+        "format as text",
+        "trace in format 2",
+        "trace in format 1",
+        "bad tag in format 2",
+        "bad tag in format 3",
+    ],
+)
+def test_from_json_says_what_is_wrong(text: Any, problem: str) -> None:
+    with pytest.raises(InvalidIntent) as raised:
+        Intent.from_json(text)
+    assert str(raised.value).startswith(f"invalid intent: {problem}")
+    if not problem.endswith(","):
+        assert str(raised.value) == f"invalid intent: {problem}"
+
+
+def test_a_format_1_guard_is_read_as_it_is() -> None:
+    """Only formats 2 and 3 tag guard values: in format 1 an object is a plain value
+    (refused as a guard value, by the intent's own check, not read as a tag)."""
+    with pytest.raises(InvalidIntent) as raised:
+        Intent.from_json(payload(v=1, kind="table", guard={"a": {"$uuid": str(uuid.UUID(int=5))}}))
+    assert str(raised.value) == (
+        "invalid intent: guard value for 'a' takes a string, number, boolean, None, Decimal,"
+        " datetime, date, time, timedelta, UUID or bytes (or an enum of those), not dict"
+    )
+    tagged = payload(v=2, kind="table", guard={"a": {"$uuid": str(uuid.UUID(int=5))}})
+    assert Intent.from_json(tagged).guard == {"a": uuid.UUID(int=5)}
+
+
+_NAME_RULE = (
+    "is not allowed: use 1 to 128 letters, digits and '_ - . : /', starting with a letter or digit"
+)
+_TRACE_RULE = "trace must be a W3C traceparent ('00-<32 hex>-<16 hex>-<2 hex>')"
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"id": "a b"}, "id 'a b' must be 1-128 of letters, digits and '_ . : ~ -'"),
+        ({"kind": "other"}, "kind 'other' must be 'collection' or 'table'"),
+        ({"collection": "or ders"}, f"collection name 'or ders' {_NAME_RULE}"),
+        ({"collection": "or ders", "kind": "table"}, f"table name 'or ders' {_NAME_RULE}"),
+        ({"transition": "ship it"}, f"transition name 'ship it' {_NAME_RULE}"),
+        ({"expected_version": -1}, "expected_version -1 must be an integer from 0 to 2**63-1"),
+        ({"expected_version": None}, "an intent needs an expected_version, a guard, or both"),
+        ({"decided_at": math.nan}, "decided_at nan must be a finite number"),
+        ({"trace": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331"}, _TRACE_RULE),
+        ({"trace": 5}, _TRACE_RULE),
+    ],
+    ids=[
+        "id",
+        "kind",
+        "collection",
+        "table",
+        "transition",
+        "expected_version",
+        "no version nor guard",
+        "decided_at",
+        "trace",
+        "trace not text",
+    ],
+)
+def test_a_bad_intent_says_what_is_wrong(fields: dict[str, Any], problem: str) -> None:
+    with pytest.raises(InvalidIntent) as raised:
+        make_intent(**fields)
+    assert str(raised.value) == f"invalid intent: {problem}"
+
+
+def test_a_new_intent_carries_the_current_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fencing._observe import HUB
+
+    assert Intent.new("orders", "o-1", 3, "ship").trace is None
+    monkeypatch.setattr(HUB, "trace", lambda: TRACE)
+    assert Intent.new("orders", "o-1", 3, "ship").trace == TRACE
+    monkeypatch.setattr(HUB, "trace", lambda: None)  # no span: no trace
+    assert Intent.new("orders", "o-1", 3, "ship").trace is None
+
+
 @pytest.mark.parametrize("name", ["extra", "V", "Id", "lease", ""])
 def test_from_json_refuses_unknown_field(name: str) -> None:
     with pytest.raises(InvalidIntent, match="unknown field"):
@@ -369,6 +485,10 @@ def test_derive_keeps_the_work_and_changes_the_version() -> None:
     assert intent.derive(7, 2) == derived  # deterministic: a redelivery derives the same id
     again = derived.derive(9, 3)
     assert again.id == "i-1~3" and again.root_id == "i-1"
+    # the span that decided the work is still the one its derivations belong to
+    traced = make_intent(trace=TRACE)
+    assert traced.derive(7, 2).trace == TRACE and traced.derive(7, 2).derive(8, 3).trace == TRACE
+    assert intent.derive(7, 2).trace is None
 
 
 def test_derive_with_guard_only() -> None:
@@ -722,6 +842,17 @@ def test_judge(
     assert judge(record, applied, intent, lease, row, now) is status
 
 
+def test_judge_takes_the_stores_own_guard_comparison_when_given() -> None:
+    """SQLite compares a guard's ``Decimal`` or ``datetime`` with the column's affinity,
+    which Python cannot repeat: its answer, when given, is the one that counts."""
+    intent = make_intent(expected_version=None, guard={"a": 1}, kind="table")
+    held, moved = make_record(state={"a": 1}), make_record(state={"a": 2})
+    assert judge(moved, False, intent, None, None, NOW) is Status.STALE
+    assert judge(moved, False, intent, None, None, NOW, guard_held=True) is Status.OK
+    assert judge(held, False, intent, None, None, NOW) is Status.OK
+    assert judge(held, False, intent, None, None, NOW, guard_held=False) is Status.STALE
+
+
 @pytest.mark.parametrize(
     ("guard", "state", "holds"),
     [
@@ -782,26 +913,27 @@ def test_lease_row_held_at() -> None:
 
 @pytest.mark.parametrize(
     "ttl",
-    [
-        0,
-        0.0,
-        -1,
-        MIN_TTL / 2,
-        MAX_TTL * 1.01,
-        1e18,
-        math.nan,
-        math.inf,
-        -math.inf,
-        True,
-        False,
-        "5",
-        None,
-        [5],
-    ],
+    [0, 0.0, -1, MIN_TTL / 2, MAX_TTL * 1.01, 1e18, math.nan, math.inf, -math.inf],
 )
-def test_check_ttl_refuses(ttl: object) -> None:
-    with pytest.raises(fencing.InvalidLeaseRequest):
+def test_check_ttl_refuses(ttl: float) -> None:
+    number = math.isfinite(ttl)
+    with pytest.raises(fencing.InvalidLeaseRequest) as raised:
         check_ttl(ttl)
+    assert str(raised.value) == (
+        f"ttl {ttl!r}s is outside 0.001s to 604800s (one week)"
+        if number
+        else f"ttl must be a finite number of seconds, not {ttl!r}"
+    )
+    with pytest.raises(fencing.InvalidLeaseRequest) as named:
+        check_ttl(ttl, "heartbeat")
+    assert str(named.value).startswith(f"heartbeat {ttl!r}s is" if number else "heartbeat must")
+
+
+@pytest.mark.parametrize("ttl", [True, False, "5", None, [5]])
+def test_check_ttl_refuses_what_is_not_a_number(ttl: object) -> None:
+    with pytest.raises(fencing.InvalidLeaseRequest) as raised:
+        check_ttl(ttl)
+    assert str(raised.value) == f"ttl must be a finite number of seconds, not {ttl!r}"
 
 
 @pytest.mark.parametrize("ttl", [MIN_TTL, 1, 0.5, 30, MAX_TTL])
@@ -1002,6 +1134,12 @@ def test_outcome_for(status: Status, expected: type, reason: FenceReason | None)
     if reason is not None:
         assert isinstance(outcome, Fenced) and outcome.reason is reason
     assert isinstance(outcome_for(CommitResult(Status.STALE, None), intent), Missing)
+
+
+def test_outcome_for_a_probe_only_status_is_a_bug_said_plainly() -> None:
+    with pytest.raises(AssertionError) as raised:
+        outcome_for(CommitResult(Status.OK, make_record()), make_intent())
+    assert str(raised.value) == "unexpected status Status.OK"
 
 
 def test_flow_skip_commits_nothing() -> None:

@@ -251,7 +251,7 @@ def check_claim(
 ) -> tuple[str, str, int, float]:
     """A relay's claim arguments, checked: its name, the queue kind, how many rows at
     most, and for how long (seconds) the claim holds them."""
-    relay = check_name(relay, "relay name")
+    relay = check_name(relay, "relay")
     if kind not in QUEUE_KINDS:
         raise InvalidInput(f"queue kind must be one of {QUEUE_KINDS}, not {kind!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CLAIM:
