@@ -376,11 +376,7 @@ def test_a_worker_paused_past_its_lease_with_nobody_taking_over_commits(shop: Sh
         kill(pid, signal.SIGCONT)
     (report,) = shop.wait_reports(order, 1)
     assert (report["outcome"], report["action"], report["pid"]) == ("committed", "ack", pid)
-    if shop.kind != "sqlite":  # the lease taken again within the run, the same decision
-        assert report["attempt"] == 1, report
-    # (SQLite: the refused commit's write lock, held in the worker's transaction, makes
-    # the lease's retake on the store's own connection wait busy_timeout (30 s), then
-    # `database is locked`: the task is retried and commits at attempt 2. A known bug.)
+    assert report["attempt"] == 1, report  # the lease taken again within the run
     shop.wait_reports(order, 1, task="shop.notify")
     assert shop.row(order) == {
         "status": "shipped",
