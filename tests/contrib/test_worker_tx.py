@@ -206,14 +206,12 @@ def _lease_ran_out(w: World, name: str) -> bool:
         conn.close()
 
 
-# MariaDB not yet: there the refused commit's row locks stay in the worker's transaction
-# and the retake waits on them (innodb_lock_wait_timeout), then the task is retried.
-@pytest.mark.backends(only=lambda name: name in LENDERS and not name.startswith("mysql"))
 def test_a_lease_that_ran_out_while_deciding_is_taken_again_inside_the_run(world: World) -> None:
     """Nobody took over: the refused commit (``Fenced(EXPIRED)``) leaves no lock of the
-    worker's transaction behind (on SQLite it began one, with the write lock), so the
+    worker's transaction behind (it began one: SQLite's write lock, MariaDB's row locks), so the
     lease is taken again on the store's own connection and the same decision commits,
-    in the same run: it used to wait busy_timeout (30 s) on SQLite, then be retried."""
+    in the same run: it used to wait on that lock (SQLite's busy_timeout, MariaDB's
+    innodb_lock_wait_timeout), then be retried."""
     box: list[Any] = []
     ship, notify = _tasks(
         world,
