@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,59 @@ def test_under_a_lease(world: World) -> None:
     assert isinstance(report.outcome, Committed) and report.token is not None
     assert report.outcome.record.fence == report.token
     assert world.shipments() == [(1, "T2")]
+
+
+#: the store's clock, as each backend's SQL reads it (fencing_leases.expires_at is in it)
+STORE_NOW = {
+    "sqlite": "?",
+    "postgresql": "extract(epoch from clock_timestamp())",
+    "mysql": "UNIX_TIMESTAMP(NOW(6))",
+}
+
+
+def _lease_ran_out(w: World, name: str) -> bool:
+    kind = next(k for k in STORE_NOW if w.url.startswith(k))
+    now = STORE_NOW[kind]
+    mark = "%s" if kind != "sqlite" else "?"
+    conn = w.lender.connect_autocommit(w.url)
+    try:
+        cur = conn.cursor()
+        query = f"SELECT COUNT(*) FROM fencing_leases WHERE name = {mark} AND expires_at < {now}"
+        cur.execute(query, (name, time.time()) if kind == "sqlite" else (name,))
+        return bool(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_lease_that_ran_out_while_deciding_is_taken_again_inside_the_run(world: World) -> None:
+    """Nobody took over: the refused commit (``Fenced(EXPIRED)``) leaves no lock of the
+    worker's transaction behind (it began one: SQLite's write lock, MariaDB's row locks), so the
+    lease is taken again on the store's own connection and the same decision commits,
+    in the same run: it used to wait on that lock (SQLite's busy_timeout, MariaDB's
+    innodb_lock_wait_timeout), then be retried."""
+    box: list[Any] = []
+    ship, notify = _tasks(
+        world,
+        _ship_and_send(box),
+        lease=fencing.contrib.celery.LeaseSpec(ttl=0.5, heartbeat=False),
+    )
+    box.append(notify)
+    name = world.table.lease_name(1)
+    ship.fencing.decide = lambda order: (
+        _wait(lambda: _lease_ran_out(world, name)) or {"status": "shipped"}
+    )
+
+    report = ship.fencing.run(ship.fencing.encode(world.table.get(1), "ship"))
+    assert report.action is Action.ACK and isinstance(report.outcome, Committed)
+    assert report.attempt == 1 and report.token == 2  # the lease taken again: token 2
+    assert world.shipments() == [(1, "T2")] and len(world.store.outbox.pending()) == 1
+
+
+def _wait(check: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "the lease never ran out"
+        time.sleep(0.02)
 
 
 @pytest.mark.backends(only=lambda name: name in LENDERS and LENDERS[name].sa_async_url)

@@ -54,6 +54,7 @@ from ..._borrow import Borrowed
 from ..._errors import FencingError, InvalidInput
 from ..._flow import Flow, Sleep, adrive, drive
 from ..._request import CommitRequest, CommitResult
+from ..._rules import Status
 from .._abound import AsyncBoundBackend
 from .._bound import BoundBackend
 from .answers import judged
@@ -206,6 +207,18 @@ def _lost(on: _On, exc: Exception) -> Exception:
     return error
 
 
+def _ends_idle(conn: Any, result: object) -> bool:
+    """Whether to end the transaction a refused commit began: the caller had none active
+    (nothing of its own is in it), and the commit wrote nothing. Its locks, kept until
+    the caller ends it, would make a lease taken again on the store's own connection (a
+    lease that ran out while nobody took over) wait for them."""
+    return (
+        isinstance(result, CommitResult)
+        and result.status not in (Status.APPLIED, Status.OK)
+        and bool(conn.server_status & _IN_TRANS)
+    )
+
+
 def _multi_statements(conn: Any) -> bool:
     """Whether the connection runs multi-statement batches already (else turned on)."""
     return bool(conn.client_flag & _MULTI_STATEMENTS)
@@ -231,8 +244,12 @@ class MySQLBoundBackend(BoundBackend):
         if not self._seen(conn):
             self._check(conn)
         on = _On(conn)
+        idle = not conn.server_status & _IN_TRANS
         try:
-            return drive(flow, lambda step: self._on(on, step))
+            result = drive(flow, lambda step: self._on(on, step))
+            if idle and _ends_idle(conn, result):
+                conn.rollback()
+            return result
         except BaseException as exc:
             if on.open and not on.io:  # out of the flow between batches: undo its part
                 try:
@@ -331,8 +348,12 @@ class AsyncMySQLBoundBackend(AsyncBoundBackend):
         async def run(step: Any) -> Any:
             return await self._on(on, step)
 
+        idle = not conn.server_status & _IN_TRANS
         try:
-            return await adrive(flow, run)
+            result = await adrive(flow, run)
+            if idle and _ends_idle(conn, result):
+                await conn.rollback()
+            return result
         except BaseException as exc:
             if on.open and not on.io:  # out of the flow between batches: undo its part
                 try:

@@ -47,6 +47,7 @@ from ..._effects import Effect, EffectQuery, NewEffect
 from ..._errors import ConfigurationError, InvalidInput, SerializationFailure
 from ..._flow import Flow
 from ..._request import CommitRequest, CommitResult, LeaseAnswer
+from ..._rules import Status
 from ..._values import Record
 from .._abound import snapshot_too_old
 from .._bound import BoundBackend
@@ -338,10 +339,20 @@ def _in_new_transaction(conn: sqlite3.Connection, step: Txn, *, commit: bool) ->
         result = step.body(conn, time.time())
         if commit:
             conn.execute("COMMIT")
+        elif _refused(result):
+            # A refused commit wrote nothing (its claim undone) in the transaction it
+            # began, and nothing of the caller's is in it: ended, its write lock is not
+            # kept, which a lease taken again on the store's own connection (a lease
+            # that ran out while nobody took over) would otherwise wait on.
+            conn.execute("ROLLBACK")
     except BaseException:
         _undo(conn, "ROLLBACK")  # (the caller was in no transaction: all of it is ours)
         raise
     return result
+
+
+def _refused(result: object) -> bool:
+    return isinstance(result, CommitResult) and result.status is not Status.APPLIED
 
 
 def _undo(conn: sqlite3.Connection, *statements: str) -> None:
