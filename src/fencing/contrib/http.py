@@ -175,10 +175,12 @@ class Answer:
         return None
 
     def content(self) -> bytes:
-        """The body as bytes (empty without a body)."""
+        """The body as bytes (empty without a body): canonical JSON (sorted keys), so a
+        record reads back as the same bytes whatever order its store keeps keys in."""
         if self.body is None:
             return b""
-        return json.dumps(self.body, separators=(",", ":"), ensure_ascii=False).encode()
+        text = json.dumps(self.body, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+        return text.encode()
 
 
 def problem(status: int, detail: str, *headers: tuple[str, str]) -> Answer:
