@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from .._errors import ConfigurationError, InvalidIdentifier, InvalidInput
 from .._policy import Drop, StalePolicy
+from .._request import Target
 from .._signing import Signer
 from .._validate import check_key, check_name
 from .._values import (
@@ -241,8 +242,12 @@ class Conditional:
     ) -> None:
         if signer is not None and not isinstance(signer, Signer):
             raise ConfigurationError(f"signer must be a fencing.Signer, not {type(signer)}")
-        if not hasattr(target, "apply") or not hasattr(target, "get"):
+        if not isinstance(getattr(target, "target", None), Target):
             raise ConfigurationError("target must be a collection or table of a fencing store")
+        if target.target.kind == "table" and target.target.version_column is None:
+            raise ConfigurationError(
+                f"table {target.name!r} has no version column: an ETag is a record's version"
+            )
         self.target = target
         self.transition = check_name(transition, "transition")
         self.update: Update = update or _replace
@@ -323,7 +328,9 @@ class Conditional:
         try:
             check_key(key)
         except InvalidIdentifier:
-            return problem(404, f"no record {key!r}")
+            return problem(404, "no such record (not a record key)")
+        if self.target.kind == "collection" and not isinstance(key, str):
+            return problem(404, "no such record (a collection's keys are strings)")
         try:
             cond = parse_if_match(if_match)
             idem = parse_idempotency_key(idempotency_key)
