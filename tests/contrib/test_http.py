@@ -11,6 +11,7 @@ import pytest
 import fencing
 from fencing.contrib.http import (
     Answer,
+    BadRequest,
     Conditional,
     HeaderError,
     IfMatch,
@@ -328,3 +329,25 @@ def test_the_async_driver() -> None:
         await store.close()
 
     asyncio.run(main())
+
+
+def test_a_request_the_client_must_change_is_400_and_an_unknown_outcome_503(
+    orders: Any,
+) -> None:
+    tag = '"v1"'
+    replace = Conditional(orders, "edit")
+    assert replace.write("o-1", if_match=tag, body=[1, 2]).status == 400  # not an object
+    assert replace.write("o-1", if_match=tag, body={"x": "y" * 2_000_000}).status == 400  # oversize
+
+    def picky(record: fencing.Record, body: Any) -> dict[str, Any]:
+        raise BadRequest("carrier must be dhl or ups")
+
+    answer = Conditional(orders, "edit", update=picky).write("o-1", if_match=tag, body={})
+    assert answer.status == 400 and answer.body["detail"] == "carrier must be dhl or ups"
+    assert orders.get("o-1").version == 1
+    unknown = replace.failed(fencing.TransientStoreError("connection dropped"))
+    assert unknown.status == 503 and unknown.header("Retry-After") == "1"
+    with pytest.raises(ZeroDivisionError):
+        replace.failed(ZeroDivisionError())
+    assert replace.get("x" * 513).status == 404
+    assert replace.get(7).status == 404

@@ -32,7 +32,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .._errors import ConfigurationError, InvalidIdentifier, InvalidInput
+from .._errors import (
+    ConfigurationError,
+    InvalidIdentifier,
+    InvalidInput,
+    InvalidState,
+    TransientStoreError,
+)
 from .._policy import Drop, StalePolicy
 from .._request import Target
 from .._signing import Signer
@@ -53,6 +59,7 @@ from .._values import (
 
 __all__ = [
     "Answer",
+    "BadRequest",
     "Conditional",
     "HeaderError",
     "IfMatch",
@@ -81,8 +88,12 @@ _REASONS: Final = {
 }
 
 
-class HeaderError(InvalidInput):
-    """A malformed ``If-Match``, ``If-None-Match`` or ``Idempotency-Key`` (answered 400)."""
+class BadRequest(InvalidInput):
+    """A request the client must change (answered 400); ``update`` may raise it."""
+
+
+class HeaderError(BadRequest):
+    """A malformed ``If-Match``, ``If-None-Match`` or ``Idempotency-Key``."""
 
 
 # -- headers ---------------------------------------------------------------------------
@@ -209,7 +220,7 @@ Update = Callable[[Record, Any], Any]
 
 def _replace(record: Record, body: Any) -> Any:
     if not isinstance(body, Mapping):
-        raise HeaderError("the body must be a JSON object (the record's new state)")
+        raise BadRequest("the body must be a JSON object (the record's new state)")
     return dict(body)
 
 
@@ -286,6 +297,16 @@ class Conditional:
         text = self._signed_text(self.target.kind, self.target.name, key, version)
         return version if self.signer.verify_text("etag", text, signature) else None
 
+    def _no_such_key(self, key: object) -> Answer | None:
+        """404 for a key no record of the target can have (the store would refuse it)."""
+        try:
+            check_key(key)
+        except InvalidIdentifier:
+            return problem(404, "no such record (not a record key)")
+        if self.target.kind == "collection" and not isinstance(key, str):
+            return problem(404, "no such record (a collection's keys are strings)")
+        return None
+
     # -- reads -------------------------------------------------------------------------
     def shown(self, record: Record, status: int = 200) -> Answer:
         """The record's representation with its ETag."""
@@ -320,17 +341,16 @@ class Conditional:
         client: str | None = None,
     ) -> Plan | Answer:
         """A write request's plan, or the answer that ends it before the store: 400 for
-        a malformed header, 428 without a version where one is required, 412 when no
-        listed entity-tag can match (all weak, unsigned, tampered or another record's).
+        a malformed header, 404 for a key no record can have, 428 without a version
+        where one is required. A plan without an intent is resolved (:meth:`resolve`) once the
+        record is read (for ``*``, no ``If-Match``, several versions, or none: all the
+        listed tags weak, unsigned, tampered or another record's).
 
         ``client`` scopes the idempotency key (e.g. the authenticated user): two clients
         that chose the same key are not each other's duplicates."""
-        try:
-            check_key(key)
-        except InvalidIdentifier:
-            return problem(404, "no such record (not a record key)")
-        if self.target.kind == "collection" and not isinstance(key, str):
-            return problem(404, "no such record (a collection's keys are strings)")
+        refused = self._no_such_key(key)
+        if refused is not None:
+            return refused
         try:
             cond = parse_if_match(if_match)
             idem = parse_idempotency_key(idempotency_key)
@@ -424,6 +444,18 @@ class Conditional:
             case _:  # Skipped without a record: nothing to show
                 return problem(404, f"no record {plan.key!r}")
 
+    def failed(self, exc: Exception) -> Answer:
+        """The answer to a write that raised: 400 for a request the client must change
+        (:class:`BadRequest` from ``update``, a state the store refuses), 503 for a
+        store error whose outcome is unknown (the same request, same Idempotency-Key,
+        is answered ``Duplicate`` if it landed); anything else is raised again."""
+        if isinstance(exc, BadRequest | InvalidState):
+            return problem(400, str(exc))
+        if isinstance(exc, TransientStoreError):
+            wait = ("Retry-After", str(self.retry_after))
+            return problem(503, "the store did not answer: send the same request again", wait)
+        raise exc
+
     # -- drivers -----------------------------------------------------------------------
     def write(
         self,
@@ -443,7 +475,10 @@ class Conditional:
         if isinstance(step, Answer):
             return step
         assert step.intent is not None
-        outcome = self.target.apply(step.intent, self.decide(step), on_stale=self.policy(step))
+        try:
+            outcome = self.target.apply(step.intent, self.decide(step), on_stale=self.policy(step))
+        except Exception as exc:
+            return self.failed(exc)
         return self.answer(outcome, step)
 
     async def awrite(
@@ -465,13 +500,22 @@ class Conditional:
             return step
         assert step.intent is not None
         decide = self.decide(step)
-        outcome = await self.target.apply(step.intent, decide, on_stale=self.policy(step))
+        try:
+            outcome = await self.target.apply(step.intent, decide, on_stale=self.policy(step))
+        except Exception as exc:
+            return self.failed(exc)
         return self.answer(outcome, step)
 
     def get(self, key: str | int, *, if_none_match: str | None = None) -> Answer:
         """The answer to a GET of record ``key``, on a sync store."""
+        refused = self._no_such_key(key)
+        if refused is not None:
+            return refused
         return self.read(self.target.get(key), key, if_none_match)
 
     async def aget(self, key: str | int, *, if_none_match: str | None = None) -> Answer:
         """:meth:`get` on an async store."""
+        refused = self._no_such_key(key)
+        if refused is not None:
+            return refused
         return self.read(await self.target.get(key), key, if_none_match)
