@@ -180,6 +180,22 @@ def test_the_intent_id_names_the_key_with_record_transition_client_and_body(orde
         cond.intent_id("o-1", "k", {"a": object()}, None)
 
 
+def test_a_target_function_is_called_once_on_first_use(orders: Any) -> None:
+    calls: list[int] = []
+
+    def later() -> Any:
+        calls.append(1)
+        return orders
+
+    cond = Conditional(later, "edit")
+    assert calls == []  # an async store may not be open yet
+    assert cond.get("o-1").status == 200 and cond.get("o-2").status == 200
+    assert calls == [1] and cond.target is orders
+    wrong = Conditional(lambda: "orders", "edit")
+    with pytest.raises(fencing.ConfigurationError, match="returned a str"):
+        wrong.get("o-1")
+
+
 def test_a_route_needs_a_store_target_with_versions(orders: Any, tmp_path: Any) -> None:
     with pytest.raises(fencing.ConfigurationError, match="collection or table"):
         Conditional(object(), "edit")

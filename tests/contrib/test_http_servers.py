@@ -1,20 +1,18 @@
 """HTTP conditional requests through real servers (issue 22, item 3): a FastAPI app served
-by uvicorn (an async store on the server's own loop, or a sync store in its thread pool)
-and a Flask app served by werkzeug's server, each in a thread on a free port, driven by
-httpx over TCP, on a SQLite file and on PostgreSQL."""
+by uvicorn (an async store opened in the app's lifespan on the server's loop, or a sync
+store in Starlette's thread pool) and a Flask app served by werkzeug's server, each in a
+thread on a free port, driven by httpx over TCP, on a SQLite file and on PostgreSQL."""
 
-import asyncio
+import contextlib
 import secrets
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Annotated, Any
 
 import pytest
 
 import fencing
-
-from .._syncify import Loop
 
 httpx = pytest.importorskip("httpx", reason="pip install 'fencing[http-tests]'")
 flask = pytest.importorskip("flask", reason="pip install 'fencing[flask]'")
@@ -57,8 +55,8 @@ def _listening() -> socket.socket:
     return sock
 
 
-def fastapi_app(edit: Conditional, shipping: Conditional) -> Any:
-    app = FastAPI()
+def fastapi_app(edit: Conditional, shipping: Conditional, lifespan: Any = None) -> Any:
+    app = FastAPI(lifespan=lifespan)
 
     @app.get("/orders/{key}")
     async def show(key: str, request: Request) -> Any:
@@ -96,31 +94,38 @@ def flask_app(edit: Conditional, shipping: Conditional) -> Any:
 
 
 def serve_uvicorn(url: str, api: str) -> Iterator[str]:
-    loop = Loop()  # the server's loop: an async store is opened and used on it
-    if api == "async":
-        store: Any = loop.run(fencing.open_async(url))
-        loop.run(store.collection("orders").create("o-1", {"status": "new"}))
-        loop.run(store.collection("orders").create("o-2", {"status": "new"}))
-    else:
-        store = fencing.open(url)
-        store.collection("orders").create("o-1", {"status": "new"})
-        store.collection("orders").create("o-2", {"status": "new"})
-    app = fastapi_app(*routes(store.collection("orders")))
-    config = uvicorn.Config(app, lifespan="off", log_level="warning", http="h11", ws="none")
+    if api == "async":  # opened on the server's loop, in the app's lifespan, as apps do
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Any) -> AsyncIterator[None]:
+            store = await fencing.open_async(url)
+            orders = store.collection("orders")
+            await orders.create("o-1", {"status": "new"})
+            await orders.create("o-2", {"status": "new"})
+            app.state.orders = orders
+            yield
+            await store.close()
+
+        app = fastapi_app(*routes(lambda: app.state.orders), lifespan=lifespan)
+        sync_store = None
+    else:  # a sync store: the helpers run it in Starlette's thread pool
+        sync_store = fencing.open(url)
+        sync_store.collection("orders").create("o-1", {"status": "new"})
+        sync_store.collection("orders").create("o-2", {"status": "new"})
+        app = fastapi_app(*routes(sync_store.collection("orders")))
+    config = uvicorn.Config(app, log_level="warning", http="h11", ws="none")
     server = uvicorn.Server(config)
     sock = _listening()
-    done = asyncio.run_coroutine_threadsafe(server.serve(sockets=[sock]), loop.loop)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
-        done.result()
-        if api == "async":
-            loop.run(store.close())
-        else:
-            store.close()
-        loop.close()
+        thread.join()
         sock.close()
+        if sync_store is not None:
+            sync_store.close()
 
 
 def serve_flask(url: str) -> Iterator[str]:

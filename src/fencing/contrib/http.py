@@ -224,10 +224,24 @@ def _replace(record: Record, body: Any) -> Any:
     return dict(body)
 
 
+def _is_front(target: object) -> bool:
+    return isinstance(getattr(target, "target", None), Target)
+
+
+def _checked(target: Any) -> Any:
+    if target.target.kind == "table" and target.target.version_column is None:
+        raise ConfigurationError(
+            f"table {target.name!r} has no version column: an ETag is a record's version"
+        )
+    return target
+
+
 class Conditional:
     """One write route on a collection or table: its transition, how the body makes the
     new state, whether ``If-Match`` is required, and how a record is shown.
 
+    ``target`` is a collection or table, or a function returning one, called on first
+    use (an async store opened in the app's lifespan: ``lambda: app.state.orders``).
     ``update(record, body)`` returns the new state (default: the body replaces the
     state); ``represent(record)`` the JSON body of a 200/412 (default: the state);
     ``signer`` signs ETags; ``require`` answers 428 to a write without ``If-Match``;
@@ -253,13 +267,17 @@ class Conditional:
     ) -> None:
         if signer is not None and not isinstance(signer, Signer):
             raise ConfigurationError(f"signer must be a fencing.Signer, not {type(signer)}")
-        if not isinstance(getattr(target, "target", None), Target):
-            raise ConfigurationError("target must be a collection or table of a fencing store")
-        if target.target.kind == "table" and target.target.version_column is None:
+        self._target: Any = None
+        self._factory: Callable[[], Any] | None = None
+        if _is_front(target):
+            self._target = _checked(target)
+        elif callable(target):
+            self._factory = target
+        else:
             raise ConfigurationError(
-                f"table {target.name!r} has no version column: an ETag is a record's version"
+                "target must be a collection or table of a fencing store (or a function"
+                " returning one)"
             )
-        self.target = target
         self.transition = check_name(transition, "transition")
         self.update: Update = update or _replace
         self.represent: Callable[[Record], Any] = represent or (lambda r: dict(r.state))
@@ -269,6 +287,20 @@ class Conditional:
         self.on_stale = on_stale
         self.no_content = no_content
         self.retry_after = retry_after
+
+    @property
+    def target(self) -> Any:
+        """The collection or table written to (a factory given is called on first use)."""
+        if self._target is None:
+            assert self._factory is not None
+            made = self._factory()
+            if not _is_front(made):
+                raise ConfigurationError(
+                    f"the target function returned a {type(made).__name__}, not a collection"
+                    " or table of a fencing store"
+                )
+            self._target = _checked(made)
+        return self._target
 
     # -- ETags -------------------------------------------------------------------------
     def _signed_text(self, kind: str, name: str, key: str | int, version: int) -> str:
