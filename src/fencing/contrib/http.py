@@ -44,6 +44,7 @@ from .._request import Target
 from .._signing import Signer
 from .._validate import check_key, check_name
 from .._values import (
+    MAX_VERSION,
     Committed,
     Contended,
     Duplicate,
@@ -70,6 +71,8 @@ __all__ = [
 
 #: An ``Idempotency-Key`` longer than this is refused (400).
 MAX_IDEMPOTENCY_KEY: Final = 255
+#: An ``If-Match`` listing more entity-tags than this is refused (400): each is verified.
+MAX_TAGS: Final = 64
 PROBLEM: Final = "application/problem+json"
 JSON: Final = "application/json"
 _TAG = re.compile(r'(W/)?"([\x21\x23-\x7e\x80-\xff]*)"')
@@ -126,6 +129,8 @@ def parse_if_match(values: str | list[str] | None) -> IfMatch | None:
         if found is None:
             raise HeaderError(f"If-Match is not '*' or a list of entity-tags: {text[:80]!r}")
         tags.append((found.group(1) is not None, found.group(2)))
+        if len(tags) > MAX_TAGS:
+            raise HeaderError(f"If-Match lists more than {MAX_TAGS} entity-tags")
         pos = found.end()
         while pos < end and text[pos] in " \t":
             pos += 1
@@ -324,6 +329,8 @@ class Conditional:
         if found is None:
             return None
         version = int(found.group(1))
+        if version > MAX_VERSION:
+            return None
         if self.signer is None:
             return None if signature else version
         text = self._signed_text(self.target.kind, self.target.name, key, version)
