@@ -376,3 +376,21 @@ def test_a_request_the_client_must_change_is_400_and_an_unknown_outcome_503(
         replace.failed(ZeroDivisionError())
     assert replace.get("x" * 513).status == 404
     assert replace.get(7).status == 404
+
+
+@pytest.mark.backends(only=lambda n: n in {"memory", "sqlite-file"})
+def test_a_guarded_table_row_is_edited_by_its_version(make_table: Any) -> None:
+    rows = make_table("orders_t", [{"id": 42, "status": "new", "total": 5}])
+    cond = Conditional(rows, "edit", update=lambda r, b: b, signer=SIGNER)
+    shown = cond.get(42)
+    tag = shown.header("ETag")
+    assert shown.status == 200 and shown.body["status"] == "new" and tag.startswith('"v1.k1.')
+    done = cond.write(42, if_match=tag, idempotency_key="k", body={"status": "packed"})
+    assert done.status == 200 and done.body["status"] == "packed"
+    assert cond.write(42, if_match=tag, idempotency_key="k", body={"status": "packed"}) == done
+    stale = cond.write(42, if_match=tag, body={"status": "lost"})
+    assert stale.status == 412 and stale.header("ETag") == done.header("ETag")
+    # the collection's tag of the same key and version is not this table's
+    collection = Conditional(rows._store.collection("orders_t"), "edit", signer=SIGNER)
+    assert collection.version_of(42, tag.strip('"')) is None  # kind: table
+    assert cond.version_of(42, tag.strip('"')) == 1
