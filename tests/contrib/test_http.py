@@ -267,6 +267,10 @@ def test_a_duplicate_is_answered_as_the_first_time(orders: Any, plan: Plan) -> N
     quiet = Conditional(orders, "edit", no_content=True)
     first = quiet.answer(fencing.Committed(record(2, status="packed")), plan)
     assert quiet.answer(fencing.Duplicate(record(3, status="shipped")), plan) == first
+    # unless the client listed several versions: which one it made is not known
+    listed = Plan("o-1", None, plan.intent, plan.intent_id, frozenset({1, 2}), True)
+    later = quiet.answer(fencing.Duplicate(record(3, status="shipped")), listed)
+    assert later.header("ETag") == '"v3"'
 
 
 def test_canonical_json_bodies() -> None:

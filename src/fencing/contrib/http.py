@@ -465,9 +465,9 @@ class Conditional:
             case Committed(record) | Skipped(record) if record is not None:
                 return self.shown(record, ok)
             case Duplicate(record):
-                produced = None
-                if plan.client_version and plan.intent is not None:
-                    produced = (plan.intent.expected_version or 0) + 1
+                produced = None  # known when the client named one version only
+                if plan.versions is not None and len(plan.versions) == 1:
+                    produced = next(iter(plan.versions)) + 1
                 if ok == 204 and produced is not None:
                     return Answer(204, (("ETag", f'"{self._opaque(record.key, produced)}"'),))
                 return self.shown(record, ok)
