@@ -39,10 +39,11 @@ def ship(record: fencing.Record, body: Any) -> dict[str, Any]:
     return {**record.state, "status": "shipped", "ships": record.state.get("ships", 0) + 1}
 
 
-def routes(orders: Any) -> tuple[Conditional, Conditional]:
+def routes(orders: Any) -> tuple[Conditional, Conditional, Conditional]:
     edit = Conditional(orders, "edit", update=merge, signer=SIGNER)
     shipping = Conditional(orders, "ship", update=ship, signer=SIGNER)
-    return edit, shipping
+    noting = Conditional(orders, "note", update=merge, signer=SIGNER, no_content=True)
+    return edit, shipping, noting
 
 
 # -- the servers -----------------------------------------------------------------------
@@ -55,7 +56,9 @@ def _listening() -> socket.socket:
     return sock
 
 
-def fastapi_app(edit: Conditional, shipping: Conditional, lifespan: Any = None) -> Any:
+def fastapi_app(
+    edit: Conditional, shipping: Conditional, noting: Conditional, lifespan: Any = None
+) -> Any:
     app = FastAPI(lifespan=lifespan)
 
     @app.get("/orders/{key}")
@@ -72,10 +75,14 @@ def fastapi_app(edit: Conditional, shipping: Conditional, lifespan: Any = None) 
     async def post(key: str, request: Request) -> Any:
         return await fstar.write(shipping, request, key)
 
+    @app.put("/orders/{key}/note")
+    async def put(key: str, request: Request) -> Any:
+        return await fstar.write(noting, request, key)
+
     return app
 
 
-def flask_app(edit: Conditional, shipping: Conditional) -> Any:
+def flask_app(edit: Conditional, shipping: Conditional, noting: Conditional) -> Any:
     app = flask.Flask("orders")
 
     @app.get("/orders/<key>")
@@ -89,6 +96,10 @@ def flask_app(edit: Conditional, shipping: Conditional) -> Any:
     @app.post("/orders/<key>/ship")
     def post(key: str) -> Any:
         return fflask.write(shipping, key)
+
+    @app.put("/orders/<key>/note")
+    def put(key: str) -> Any:
+        return fflask.write(noting, key)
 
     return app
 
@@ -244,6 +255,23 @@ def test_a_patch_sent_twice_at_once_with_one_key_is_applied_once(client: Any, ba
     assert a.json() == {"status": "new", "note": "gift"}
     now = client.get("/orders/o-2").headers["etag"]
     assert now == a.headers["etag"] == b.headers["etag"] and now.startswith('"v2.')  # once
+
+
+def test_a_204_retried_after_a_later_write_is_answered_exactly_alike(client: Any) -> None:
+    tag = client.get("/orders/o-1").headers["etag"]
+    headers = {"If-Match": tag, "Idempotency-Key": '"note-1"'}
+    first = client.put("/orders/o-1/note", json={"note": "gift"}, headers=headers)
+    assert first.status_code == 204 and first.content == b"" and first.headers["etag"] != tag
+    later = client.patch(
+        "/orders/o-1", json={"status": "packed"}, headers={"If-Match": first.headers["etag"]}
+    )
+    assert later.status_code == 200
+    retried = client.put("/orders/o-1/note", json={"note": "gift"}, headers=headers)
+    assert retried.status_code == 204 and retried.content == b""
+    assert retried.headers["etag"] == first.headers["etag"]  # the version it made
+    now = client.get("/orders/o-1")
+    assert now.json() == {"status": "packed", "note": "gift"}
+    assert now.headers["etag"] == later.headers["etag"]  # the retry wrote nothing
 
 
 def test_a_write_without_if_match_is_refused_with_428_and_writes_nothing(client: Any) -> None:
