@@ -324,3 +324,38 @@ def test_signer_does_not_share_the_callers_key_dict() -> None:
     token = signer.sign(intent())
     keys["k1"] = K2
     assert signer.verify(token) == intent()
+
+
+# -- signed text (an HTTP ETag's signature: fencing.contrib.http) ------------------------
+def test_signed_text_is_the_hmac_of_key_id_purpose_and_text() -> None:
+    signer = Signer({"k1": K1}, current="k1")
+    mac = hmac.new(K1, b'k1.etag:["o-1",3]', hashlib.sha256).digest()
+    assert signer.sign_text("etag", '["o-1",3]') == f"k1.{b64(mac)}"
+
+
+def test_signed_text_verifies_with_any_known_key_and_nothing_else() -> None:
+    old = Signer({"k1": K1}, current="k1").sign_text("etag", "v3")
+    rotated = Signer({"k1": K1, "k2": K2}, current="k2")
+    assert rotated.verify_text("etag", "v3", old)
+    assert rotated.verify_text("etag", "v3", rotated.sign_text("etag", "v3"))
+    assert rotated.sign_text("etag", "v3").startswith("k2.")
+    assert not rotated.verify_text("etag", "v4", old)  # another text
+    assert not rotated.verify_text("other", "v3", old)  # another purpose
+    assert not Signer({"k2": K2}, current="k2").verify_text("etag", "v3", old)  # key dropped
+    assert not rotated.verify_text("etag", "v3", old[:-1] + ("A" if old[-1] != "A" else "B"))
+    assert not rotated.verify_text("etag", "v3", "k1." + "é" * 43)  # not ASCII: no error
+    assert not rotated.verify_text("etag", "v3", old.replace("k1.", "k9."))
+
+
+def test_signed_text_cannot_stand_for_a_signed_intent() -> None:
+    """An intent's MAC covers '<kid>.<base64url>'; a text's '<kid>.<purpose>:<text>':
+    the ':' keeps the two apart, whatever text is signed."""
+    signer = Signer({"k1": K1}, current="k1")
+    body = b64(intent().to_json().encode())
+    kid, mac = signer.sign_text("etag", "x").split(".")
+    with pytest.raises(InvalidIntent, match="tampered"):
+        signer.verify(f"{kid}.{body}.{mac}")
+    for purpose in ("", "Etag", "a:b", "x" * 33):
+        with pytest.raises(ConfigurationError, match="purpose"):
+            signer.sign_text(purpose, "x")
+        assert not signer.verify_text(purpose, "x", signer.sign_text("etag", "x"))
