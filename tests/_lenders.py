@@ -57,12 +57,16 @@ def register_lender(case: str, lender: Lender) -> None:
 
 def require_driver(lender: Lender) -> None:
     """Skip (laptop) or fail (CI) when the driver a lender needs is not installed."""
-    if lender.requires is None:
-        return
+    if lender.requires is not None:
+        require_module(lender.requires)
+
+
+def require_module(module: str) -> None:
+    """Skip (laptop) or fail (CI) when the driver ``module`` is not installed."""
     try:
-        importlib.import_module(lender.requires)
+        importlib.import_module(module)
     except ImportError as exc:
-        message = f"{lender.requires} is not installed ({exc})"
+        message = f"{module} is not installed ({exc})"
         if CI:
             pytest.fail(f"{message}, and CI is set: every driver's tests must run in CI")
         pytest.skip(f"{message}: `make test` installs it, with the MariaDB client headers")
