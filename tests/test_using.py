@@ -238,6 +238,21 @@ def test_an_autocommit_connection_has_no_transaction_to_join(env: Env) -> None:
         conn.close()
 
 
+def test_a_transaction_begun_on_an_autocommit_connection_is_joined(env: Env) -> None:
+    """Autocommit on, then ``BEGIN`` (Django outside ``atomic()``, then a transaction of
+    the caller's own): the view joins it (mysqlclient keeps no status: the server is asked)."""
+    conn = env.lender.connect_autocommit(env.url)
+    try:
+        sql(conn, "BEGIN")
+        out = env.view(conn).commit(env.table.intent(1, "ship"), {"status": "shipped"})
+        assert isinstance(out, Committed)
+        assert env.table.get(1).version == 1  # not committed: the caller's to end
+        conn.rollback()
+        assert env.table.get(1).version == 1
+    finally:
+        conn.close()
+
+
 def test_a_connection_to_another_database_is_refused(env: Env, tmp_path: Path) -> None:
     (tmp_path / "other").mkdir()
     other_url = CASES[env.backend].url(tmp_path / "other")
