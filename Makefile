@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
-TEST_EXTRAS := dev,cli,postgres,mysql,redis,celery,rq,dramatiq,arq,sqlalchemy,alembic,prometheus,otel,django,flask,fastapi,http-tests
+TEST_EXTRAS := dev,cli,postgres,psycopg2,mysql,redis,celery,rq,dramatiq,arq,sqlalchemy,alembic,prometheus,otel,django,flask,fastapi,http-tests
 
 .PHONY: demo test lint bench mutate clean
 
@@ -16,6 +16,9 @@ demo: $(PY)
 
 test: $(PY)
 	$(PIP) -e '.[$(TEST_EXTRAS)]'
+	@# mysqlclient builds from source (the MariaDB client headers, pkg-config): without
+	@# them its tests skip, and fail under CI (.ci/run installs them)
+	$(PIP) -e '.[mysqlclient]' || echo "make: mysqlclient not installed (apt-get install libmariadb-dev pkg-config)" >&2
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy --strict src

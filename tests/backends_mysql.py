@@ -149,6 +149,16 @@ def _sa_url(url: str, driver: str) -> str:
     return urlunsplit(parts._replace(scheme=f"mysql+{driver}", query="charset=utf8mb4"))
 
 
+def lend_mysqlclient(url: str, *, autocommit: bool = False) -> Any:
+    """A mysqlclient (``MySQLdb``) connection, Django's MySQL driver: autocommit off (its
+    default)."""
+    import MySQLdb
+
+    conn = MySQLdb.connect(**_connect_kwargs(url))
+    conn.autocommit(autocommit)
+    return conn
+
+
 register_lender(
     "mysql",
     Lender(
@@ -157,5 +167,18 @@ register_lender(
         aconnect=alend,
         sa_url=lambda url: _sa_url(url, "pymysql"),
         sa_async_url=lambda url: _sa_url(url, "aiomysql"),
+        driver="pymysql",
+    ),
+)
+register_lender(
+    "mysql",
+    Lender(
+        connect=lend_mysqlclient,
+        connect_autocommit=lambda url: lend_mysqlclient(url, autocommit=True),
+        aconnect=None,
+        sa_url=lambda url: _sa_url(url, "mysqldb"),
+        sa_async_url=None,
+        driver="mysqlclient",
+        requires="MySQLdb",
     ),
 )

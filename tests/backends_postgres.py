@@ -231,6 +231,16 @@ def _sa_url(url: str, driver: str) -> str:
     return urlunsplit(parts._replace(scheme=f"postgresql+{driver}", query=""))
 
 
+def _lend2(url: str, *, autocommit: bool = False) -> Any:
+    """A psycopg2 connection, as most Django projects still have (autocommit off: its
+    default)."""
+    import psycopg2
+
+    conn = psycopg2.connect(_lend_conninfo(url), options=_lend_options(url))
+    conn.autocommit = autocommit
+    return conn
+
+
 register_lender(
     "postgresql",
     Lender(
@@ -240,5 +250,19 @@ register_lender(
         sa_url=lambda url: _sa_url(url, "psycopg"),
         sa_async_url=lambda url: _sa_url(url, "psycopg_async"),
         sa_options=lambda url: {"connect_args": {"options": _lend_options(url)}},
+        driver="psycopg",
+    ),
+)
+register_lender(
+    "postgresql",
+    Lender(
+        connect=_lend2,
+        connect_autocommit=lambda url: _lend2(url, autocommit=True),
+        aconnect=None,
+        sa_url=lambda url: _sa_url(url, "psycopg2"),
+        sa_async_url=None,
+        sa_options=lambda url: {"connect_args": {"options": _lend_options(url)}},
+        driver="psycopg2",
+        requires="psycopg2",
     ),
 )

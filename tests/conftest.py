@@ -12,6 +12,7 @@ import fencing
 
 from . import _backends
 from ._backends import CASES, TABLE_COLUMNS
+from ._lenders import DRIVERS
 from ._signals import _signals_as_they_were  # noqa: F401  (autouse: every test)
 from ._syncify import Loop, Syncified
 
@@ -38,7 +39,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         only = metafunc.definition.get_closest_marker("backends")
         if only is not None:  # a test that means something on some backends only
             names = [n for n in names if only.kwargs["only"](n)]
-        metafunc.parametrize("backend_name", names)
+        if "lender_name" in metafunc.fixturenames:  # once per driver lending a connection
+            keep = metafunc.definition.get_closest_marker("lenders")
+            pairs = [
+                (name, driver)
+                for name in names
+                for driver, lender in DRIVERS.get(name, {}).items()
+                if keep is None or keep.kwargs["only"](lender)
+            ]
+            ids = [f"{name}-{driver}" for name, driver in pairs]
+            metafunc.parametrize(("backend_name", "lender_name"), pairs, ids=ids)
+        else:
+            metafunc.parametrize("backend_name", names)
     if "api" in metafunc.fixturenames:
         apis = metafunc.definition.get_closest_marker("apis")  # a test one api means enough
         metafunc.parametrize("api", ["sync", "async"] if apis is None else apis.kwargs["only"])

@@ -32,10 +32,11 @@ from fencing import (
 )
 
 from ._backends import CASES, TABLE_COLUMNS
-from ._lenders import LENDERS, Lender
+from ._lenders import DRIVERS, LENDERS, Lender, require_driver
 
 pytestmark = pytest.mark.backends(only=lambda name: name in LENDERS)
-ASYNC = pytest.mark.backends(only=lambda name: name in LENDERS and LENDERS[name].aconnect)
+#: an asyncio connection's test: once per case, with the lenders that have one
+ASYNC = pytest.mark.lenders(only=lambda lender: lender.aconnect is not None)
 ROWS = [{"id": 1, "status": "new", "total": 10}, {"id": 2, "status": "new", "total": 20}]
 TABLE = "orders_u"
 AUDIT = "audit_u"
@@ -82,13 +83,13 @@ class Env:
             fresh.close()
 
 
-def _prepare(backend_name: str, url: str) -> Any:
+def _prepare(backend_name: str, url: str, lender: Lender | None = None) -> Any:
     store = fencing.open(url)
     store.migrate()
     create = CASES[backend_name].create_table
     assert create is not None
     create(store, TABLE, "id", "version", TABLE_COLUMNS, ROWS)
-    conn = LENDERS[backend_name].connect(url)
+    conn = (lender or LENDERS[backend_name]).connect(url)
     sql(conn, f"CREATE TABLE {AUDIT} (note VARCHAR(200))")
     conn.commit()
     conn.close()
@@ -96,9 +97,12 @@ def _prepare(backend_name: str, url: str) -> Any:
 
 
 @pytest.fixture
-def env(backend_name: str, store_url: str) -> Iterator[Env]:
-    store = _prepare(backend_name, store_url)
-    lender = LENDERS[backend_name]
+def env(backend_name: str, lender_name: str, store_url: str) -> Iterator[Env]:
+    """The case's store, and a connection of the caller's through the lender's driver
+    (every test taking it runs once per driver: ``tests/_lenders.py``)."""
+    lender = DRIVERS[backend_name][lender_name]
+    require_driver(lender)
+    store = _prepare(backend_name, store_url, lender)
     conn = lender.connect(store_url)
     yield Env(store, conn, lender, store_url, backend_name)
     conn.rollback()
@@ -230,6 +234,21 @@ def test_an_autocommit_connection_has_no_transaction_to_join(env: Env) -> None:
         out = env.view(conn).commit(env.table.intent(1, "ship"), {"status": "shipped"})
         assert isinstance(out, Committed)
         assert env.table.get(1).version == 2  # committed on its own, at once
+    finally:
+        conn.close()
+
+
+def test_a_transaction_begun_on_an_autocommit_connection_is_joined(env: Env) -> None:
+    """Autocommit on, then ``BEGIN`` (Django outside ``atomic()``, then a transaction of
+    the caller's own): the view joins it (mysqlclient keeps no status: the server is asked)."""
+    conn = env.lender.connect_autocommit(env.url)
+    try:
+        sql(conn, "BEGIN")
+        out = env.view(conn).commit(env.table.intent(1, "ship"), {"status": "shipped"})
+        assert isinstance(out, Committed)
+        assert env.table.get(1).version == 1  # not committed: the caller's to end
+        conn.rollback()
+        assert env.table.get(1).version == 1
     finally:
         conn.close()
 

@@ -22,7 +22,7 @@ import pytest
 import fencing
 from fencing import Effect, Intent, Missing, Reconcile, Record, Stale
 
-from .test_using import AUDIT, TABLE, Env, env, one, sql
+from .test_using import ASYNC, AUDIT, TABLE, Env, env, one, sql
 
 pytestmark = pytest.mark.backends(only=lambda name: name in {"postgresql", "mysql", "sqlite-file"})
 __all__ = ["env"]  # the fixture, shared with tests/test_using.py
@@ -159,6 +159,7 @@ async def _asettled(store: Any, key: str) -> Effect:
         await asyncio.sleep(0.01)
 
 
+@ASYNC
 @pytest.mark.timeout(30)
 def test_async_refused_commits_and_reconcile(env: Env) -> None:
     aconnect = env.lender.aconnect

@@ -26,7 +26,7 @@ import fencing
 from fencing import TransientStoreError
 from fencing.testing import HistoryWriter, check_linearizable, read_lin_file
 
-from ._lenders import LENDERS
+from ._lenders import DRIVERS, LENDERS, Lender, require_driver
 from ._lin_churn import AsyncDriver, Call, SyncDriver, Unrecorded, plan
 from .test_linearizability import _config, _judge, _prepare, _verdict
 
@@ -76,12 +76,16 @@ class TxDriver(SyncDriver):
 
 
 def test_transactions_through_bound_views_are_linearizable(
-    backend_name: str, store_url: str, tmp_path: Path
+    backend_name: str, lender_name: str, store_url: str, tmp_path: Path
 ) -> None:
+    """Once per driver lending the connections (psycopg 3 and psycopg2, PyMySQL and
+    mysqlclient, sqlite3)."""
+    lender = DRIVERS[backend_name][lender_name]
+    require_driver(lender)
     path = tmp_path / "history.jsonl"
-    drivers = _churn(backend_name, store_url, path, seed=11)
+    drivers = _churn(backend_name, store_url, path, seed=11, lender=lender)
     assert sum(d.rolled_back for d in drivers) > 0  # the rollbacks were exercised
-    _verdict(_judge(backend_name + "-using", path), path)
+    _verdict(_judge(f"{backend_name}-using-{lender_name}", path), path)
 
 
 @pytest.mark.backends(only=lambda name: name == "sqlite-file")
@@ -107,10 +111,12 @@ def test_a_bound_view_that_commits_for_the_caller_is_caught(
     assert report.ok is False, report.summary()
 
 
-def _churn(backend_name: str, store_url: str, path: Path, seed: int) -> list[TxDriver]:
+def _churn(
+    backend_name: str, store_url: str, path: Path, seed: int, lender: Lender | None = None
+) -> list[TxDriver]:
     config = _config(backend_name, seed=seed)
     store = fencing.open(store_url)
-    lender = LENDERS[backend_name]
+    lender = lender or LENDERS[backend_name]
     errors: list[BaseException] = []
     drivers: list[TxDriver] = []
     try:

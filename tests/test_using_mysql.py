@@ -29,7 +29,12 @@ from fencing.backends.mysql.errors import TransactionRolledBack
 from .test_interrupts import Interrupt, _finalizers, _timer
 from .test_using import AUDIT, TABLE, Env, env, one, sql
 
-pytestmark = pytest.mark.backends(only=lambda name: name == "mysql")
+# PyMySQL's connections only: these tests count its round trips and interrupt its reads
+# (mysqlclient's connections run test_using.py, _snapshots, _effects and _linear)
+pytestmark = [
+    pytest.mark.backends(only=lambda name: name == "mysql"),
+    pytest.mark.lenders(only=lambda lender: lender.driver == "pymysql"),
+]
 __all__ = ["env"]  # the fixture, shared with tests/test_using.py
 
 

@@ -23,7 +23,7 @@ import pytest
 import fencing
 from fencing import Committed, Missing, SerializationFailure, Stale
 
-from .test_using import TABLE, Env, env, one, sql
+from .test_using import ASYNC, TABLE, Env, env, one, sql
 
 pytestmark = pytest.mark.backends(only=lambda name: name in _LEVELS)
 __all__ = ["env"]  # the fixture, shared with tests/test_using.py
@@ -48,9 +48,7 @@ _FRESH = {
 def _begin(backend: str, conn: Any, level: str) -> None:
     """Open the caller's transaction at ``level``, and take its snapshot (a read of row 2,
     which nothing below changes: MySQL's SERIALIZABLE share-locks what it reads)."""
-    if backend == "postgresql":
-        conn.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
-    elif backend == "mysql":
+    if backend in ("postgresql", "mysql"):
         sql(conn, f"SET TRANSACTION ISOLATION LEVEL {level}")
     else:
         conn.execute("BEGIN DEFERRED")
@@ -246,6 +244,7 @@ async def _acall(how: str, view: Any, intent: Any, state: dict[str, Any]) -> Any
     return await view.commit(intent, state)
 
 
+@ASYNC
 def test_async_a_fresh_intent_commits_or_the_transaction_runs_again(env: Env) -> None:
     aconnect = env.lender.aconnect
     assert aconnect is not None

@@ -5,8 +5,8 @@ type's module and name (duck-typed: the core imports no driver and no SQLAlchemy
 answer a ``Borrowed``: the driver family (``kind``) and, for one operation, the DB-API
 connection to run on, inside the caller's transaction:
 
-* a driver connection (psycopg 3, PyMySQL, ``sqlite3``; psycopg's ``AsyncConnection``,
-  aiomysql, aiosqlite) is itself;
+* a driver connection (psycopg 3, psycopg2, PyMySQL, mysqlclient's ``MySQLdb``,
+  ``sqlite3``; psycopg's ``AsyncConnection``, aiomysql, aiosqlite) is itself;
 * a SQLAlchemy ``Session`` (or ``scoped_session``) is flushed first when its
   ``autoflush`` is on, as a query would be, so fencing reads the application's own
   pending changes; then ``session.connection()`` (which begins the session's
@@ -29,7 +29,12 @@ from ._errors import InvalidInput
 __all__ = ["Borrowed", "borrow_async", "borrow_sync"]
 
 #: A driver connection's class, by (top-level package, class name), and its kind.
-_SYNC_DRIVERS = {("psycopg", "Connection"): "psycopg", ("pymysql", "Connection"): "pymysql"}
+_SYNC_DRIVERS = {
+    ("psycopg", "Connection"): "psycopg",
+    ("psycopg2", "connection"): "psycopg2",
+    ("pymysql", "Connection"): "pymysql",
+    ("MySQLdb", "Connection"): "mysqldb",
+}
 _ASYNC_DRIVERS = {
     ("psycopg", "AsyncConnection"): "psycopg",
     ("aiomysql", "Connection"): "aiomysql",
@@ -39,7 +44,9 @@ _ASYNC_DRIVERS = {
 _SA_DRIVERS = {
     "psycopg": "psycopg",
     "psycopg_async": "psycopg",
+    "psycopg2": "psycopg2",
     "pymysql": "pymysql",
+    "mysqldb": "mysqldb",
     "aiomysql": "aiomysql",
     "pysqlite": "sqlite3",
     "aiosqlite": "aiosqlite",
@@ -53,10 +60,16 @@ _SA = {
 }
 _ASYNC_SA = {"async_session", "async_connection"}
 #: Django's database wrappers, by the module of their driver (``DatabaseWrapper.Database``).
-_DJANGO_DRIVERS = {"psycopg": "psycopg", "sqlite3": "sqlite3", "pymysql": "pymysql"}
+_DJANGO_DRIVERS = {
+    "psycopg": "psycopg",
+    "psycopg2": "psycopg2",
+    "sqlite3": "sqlite3",
+    "pymysql": "pymysql",
+    "MySQLdb": "mysqldb",
+}
 _SUPPORTED = (
-    "a psycopg 3, PyMySQL or sqlite3 connection, a SQLAlchemy Session or Connection, or"
-    " a Django connection"
+    "a psycopg 3, psycopg2, PyMySQL, mysqlclient (MySQLdb) or sqlite3 connection, a"
+    " SQLAlchemy Session or Connection, or a Django connection"
     " (an async store: psycopg's AsyncConnection, aiomysql, aiosqlite, or a SQLAlchemy"
     " AsyncSession or AsyncConnection)"
 )
@@ -75,7 +88,8 @@ class Borrowed:
         get: Callable[[], Any] | None = None,
         aget: Callable[[], Any] | None = None,
     ) -> None:
-        self.kind = kind  # psycopg | pymysql | sqlite3 | aiomysql | aiosqlite
+        # psycopg | psycopg2 | pymysql | mysqldb | sqlite3 | aiomysql | aiosqlite
+        self.kind = kind
         self.source = source
         self.asynchronous = aget is not None
         self._get = get
@@ -185,7 +199,8 @@ def _sa_kind(
     if kind is None:
         raise InvalidInput(
             f"store.using(): {_what(source)} runs on {dialect.name}+{dialect.driver}; fencing"
-            " joins transactions of psycopg (3), pymysql, aiomysql, pysqlite and aiosqlite"
+            " joins transactions of psycopg (3), psycopg2, pymysql, mysqldb (mysqlclient),"
+            " aiomysql, pysqlite and aiosqlite"
         )
     return Borrowed(kind, source, get=get, aget=aget)
 
@@ -249,8 +264,8 @@ def _django(wrapper: Any, source: object) -> Borrowed:
     if kind is None:
         raise InvalidInput(
             f"store.using(): Django's database {wrapper.alias!r} runs on {wrapper.vendor}"
-            f" through {driver}; fencing joins Django's transactions on psycopg (3), sqlite3"
-            " and PyMySQL (installed as MySQLdb)"
+            f" through {driver}; fencing joins Django's transactions on psycopg (3),"
+            " psycopg2, sqlite3, mysqlclient (MySQLdb) and PyMySQL (installed as MySQLdb)"
         )
 
     def get() -> Any:

@@ -1,6 +1,7 @@
 """fencing.contrib.django in a real Django project (tests/django/project): its own test
-suite (project/shop/tests.py) runs under ``manage.py test`` on SQLite, PostgreSQL and
-MariaDB (PyMySQL installed as MySQLdb), each in a subprocess, so this process never
+suite (project/shop/tests.py) runs under ``manage.py test`` on SQLite, PostgreSQL (psycopg 3,
+and psycopg2) and MariaDB (PyMySQL installed as MySQLdb, and mysqlclient), each in a
+subprocess, so this process never
 configures Django. Each run must exit 0 and leave no test database behind."""
 
 from __future__ import annotations
@@ -15,12 +16,26 @@ from pathlib import Path
 import pytest
 
 from tests._backends import require_server
+from tests._lenders import require_module
 from tests.test_report_browser import chromium, decode_png  # noqa: F401 (a fixture)
 
 pytest.importorskip("django", reason="pip install 'fencing[django]'")
 
 PROJECT = Path(__file__).resolve().parent / "project"
 SERVERS = {"postgresql": ("PostgreSQL", 5432), "mysql": ("MariaDB", 3306)}
+#: Django's database, by FENCING_DJANGO_DB (testproject/settings.py), and the driver
+#: module a vendor's Django connections need (an extra, ``require_driver``)
+VENDORS = ["sqlite", "postgresql", "postgresql-psycopg2", "mysql", "mysql-mysqlclient"]
+_DRIVERS = {"postgresql-psycopg2": "psycopg2", "mysql-mysqlclient": "MySQLdb"}
+
+
+def require(vendor: str) -> None:
+    """Skip (laptop) or fail (CI) when the vendor's server or driver is missing."""
+    server = SERVERS.get(vendor.split("-", 1)[0])
+    if server is not None:
+        require_server(server[0], "127.0.0.1", server[1])
+    if vendor in _DRIVERS:
+        require_module(_DRIVERS[vendor])
 
 
 def environ() -> dict[str, str]:
@@ -57,7 +72,7 @@ def manage(vendor: str, tmp_path: Path, *args: str) -> tuple[subprocess.Complete
 
 def databases(vendor: str, name: str) -> list[str]:
     """The databases named ``name`` left on the server."""
-    if vendor == "postgresql":
+    if vendor.startswith("postgresql"):
         import psycopg
 
         with psycopg.connect("host=127.0.0.1 port=5432 user=root dbname=test") as conn:
@@ -75,11 +90,12 @@ def databases(vendor: str, name: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("vendor", ["sqlite", "postgresql", "mysql"])
+@pytest.mark.parametrize("vendor", VENDORS)
 def test_manage_py_test_passes_and_leaves_no_test_database(vendor: str, tmp_path: Path) -> None:
-    if vendor in SERVERS:
-        label, port = SERVERS[vendor]
-        require_server(label, "127.0.0.1", port)
+    """The whole suite of the project on each database and driver: psycopg2's and
+    mysqlclient's Django connections given to store.using() (its tests' fenced commits
+    inside Django's transactions) as psycopg 3's and PyMySQL's."""
+    require(vendor)
     done, name = manage(vendor, tmp_path, "test", "shop", "--noinput", "-v", "2")
     output = done.stdout + done.stderr
     assert done.returncode == 0, output

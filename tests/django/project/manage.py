@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The test project's manage.py (``FENCING_DJANGO_DB=sqlite|postgresql|mysql``)."""
+"""The test project's manage.py (``FENCING_DJANGO_DB``: testproject/settings.py)."""
 
 import os
 import sys

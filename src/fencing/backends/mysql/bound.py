@@ -1,5 +1,9 @@
-"""MySQL / MariaDB on the caller's connection (``store.using(conn)``): PyMySQL for a sync
-store, aiomysql for an async one (a SQLAlchemy session or connection hands out one).
+"""MySQL / MariaDB on the caller's connection (``store.using(conn)``): PyMySQL or
+mysqlclient (``MySQLdb``, Django's default) for a sync store, aiomysql for an async one
+(a SQLAlchemy session or connection hands out one). mysqlclient keeps no record of the
+server's status: with autocommit on, whether the caller began a transaction is asked of
+the server first (``@@in_transaction`` on MariaDB; on MySQL, InnoDB's list of open
+transactions, which knows of one once it read or wrote a table), one round trip more.
 
 The same flows as on the store's pool (``flows``), framed for the caller's connection
 (``steps.framed``):
@@ -47,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
+import weakref
 from contextlib import suppress
 from typing import Any, Final
 
@@ -92,6 +97,7 @@ _IN_TRANS: Final = 1  # SERVER_STATUS_IN_TRANS
 _COM_SET_OPTION: Final = 27
 _MULTI_STATEMENTS_ON: Final = struct.pack("<H", 0)
 _MULTI_STATEMENTS: Final = 1 << 16  # CLIENT.MULTI_STATEMENTS
+_MYSQL_OPTION_MULTI_STATEMENTS_ON: Final = 0  # mysqlclient's set_server_option
 _CLOSED_NOTE: Final = (
     "fencing: this interrupted a batch on the connection given to store.using() (its"
     " results unread): the connection was closed, and the server rolls its transaction"
@@ -100,9 +106,12 @@ _CLOSED_NOTE: Final = (
 
 
 def bind(parent: Any, borrowed: Borrowed) -> MySQLBoundBackend:
-    """The store's flows on the caller's PyMySQL connection."""
-    if borrowed.kind != "pymysql":
-        raise InvalidInput(f"a mysql store joins PyMySQL connections, not {borrowed.kind}")
+    """The store's flows on the caller's PyMySQL or mysqlclient (``MySQLdb``) connection."""
+    if borrowed.kind not in ("pymysql", "mysqldb"):
+        raise InvalidInput(
+            f"a mysql store joins PyMySQL and mysqlclient (MySQLdb) connections, not"
+            f" {borrowed.kind}"
+        )
     return MySQLBoundBackend(parent, borrowed)
 
 
@@ -145,10 +154,11 @@ class _On:
         self.io = False
         self.tz_back = False
 
-    def batch(self, step: Batch) -> Batch:
-        """The step as sent, framed as the connection is now."""
-        conn = self.conn
-        self.joined = not conn.get_autocommit() or bool(conn.server_status & _IN_TRANS)
+    def batch(self, step: Batch, in_transaction: bool) -> Batch:
+        """The step as sent, framed as the connection is now (``in_transaction``: the
+        caller's, autocommit on, is in one: ``_in_transaction``)."""
+        if step.begin or not self.open:  # (in a frame: as when it began)
+            self.joined = not self.conn.get_autocommit() or in_transaction
         if step.begin:
             self.frame = _SAVEPOINT if self.joined else _OWN
             self.open = True  # from now on, until ended: the savepoint may exist
@@ -221,7 +231,40 @@ def _ends_idle(conn: Any, result: object) -> bool:
 
 def _multi_statements(conn: Any) -> bool:
     """Whether the connection runs multi-statement batches already (else turned on)."""
-    return bool(conn.client_flag & _MULTI_STATEMENTS)
+    return bool(conn.client_flag & _MULTI_STATEMENTS) or conn in _MULTI_ON
+
+
+#: mysqlclient connections whose multi-statement option fencing turned on (their
+#: ``client_flag`` is read-only)
+_MULTI_ON: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Whether a session is in a transaction, when autocommit is on: MariaDB says so; on
+#: MySQL, InnoDB knows of a transaction once it read or wrote a table.
+_IN_TRANSACTION: Final = {
+    True: one("SELECT @@in_transaction"),
+    False: one(
+        "SELECT COUNT(*) FROM information_schema.innodb_trx"
+        " WHERE trx_mysql_thread_id = CONNECTION_ID()"
+    ),
+}
+
+
+def _asks_server(conn: Any) -> bool:
+    """Whether the driver keeps no server status (mysqlclient: the server is asked)."""
+    return getattr(conn, "server_status", None) is None
+
+
+def _in_transaction_sql(conn: Any) -> Batch | None:
+    """The statement asking whether an autocommit session is in a transaction (``START
+    TRANSACTION`` or ``BEGIN`` through the connection), when the driver does not keep the
+    server's status (mysqlclient; PyMySQL and aiomysql do: None)."""
+    if not _asks_server(conn) or not conn.get_autocommit():
+        return None
+    return _IN_TRANSACTION["MariaDB" in conn.get_server_info()]
+
+
+def _status_in_transaction(conn: Any) -> bool:
+    """PyMySQL's and aiomysql's record of the server's status: in a transaction."""
+    return not _asks_server(conn) and bool(conn.server_status & _IN_TRANS)
 
 
 def _close(conn: Any) -> None:
@@ -229,7 +272,8 @@ def _close(conn: Any) -> None:
 
 
 class MySQLBoundBackend(BoundBackend):
-    """The MySQL flows on the caller's PyMySQL connection, inside its transaction."""
+    """The MySQL flows on the caller's PyMySQL or mysqlclient connection, inside its
+    transaction."""
 
     def identity_flow(self) -> Flow[object]:
         return _identity()
@@ -270,7 +314,11 @@ class MySQLBoundBackend(BoundBackend):
         conn = on.conn
         if not _multi_statements(conn):
             _turn_on_multi_statements(conn)
-        batch = on.batch(step)
+        asks = _in_transaction_sql(conn) if step.begin or not on.open else None
+        in_transaction = _status_in_transaction(conn)
+        if asks is not None:
+            in_transaction = bool(_ask(conn, asks, execute)[0].rows[0][0])
+        batch = on.batch(step, in_transaction)
         try:
             on.io = True
             results = unframed(step, execute(conn, batch), 2, 2)
@@ -302,9 +350,27 @@ class MySQLBoundBackend(BoundBackend):
         return results
 
 
+def _ask(conn: Any, batch: Batch, run: Any) -> Any:
+    """``run(conn, batch)``, a statement outside any frame; interrupted (or lost), the
+    connection is closed."""
+    try:
+        return run(conn, batch)
+    except BaseException as exc:
+        if isinstance(exc, Exception) and is_driver_error(exc) and in_step(exc):
+            raise translate(exc) from exc
+        _On(conn).interrupted(exc, _close)
+        if isinstance(exc, Exception):
+            raise translated(exc) from exc
+        raise
+
+
 def _turn_on_multi_statements(conn: Any) -> None:
     """One round trip, once per connection; interrupted, the connection is closed."""
     try:
+        if _asks_server(conn):  # mysqlclient: mysql_set_server_option
+            conn.set_server_option(_MYSQL_OPTION_MULTI_STATEMENTS_ON)
+            _MULTI_ON.add(conn)
+            return
         conn._execute_command(_COM_SET_OPTION, _MULTI_STATEMENTS_ON)
         conn._read_packet()
     except BaseException as exc:
@@ -374,7 +440,7 @@ class AsyncMySQLBoundBackend(AsyncBoundBackend):
         conn = on.conn
         if not _multi_statements(conn):
             await _aturn_on_multi_statements(conn)
-        batch = on.batch(step)
+        batch = on.batch(step, _status_in_transaction(conn))
         try:
             on.io = True
             results = unframed(step, await aexecute(conn, batch), 2, 2)

@@ -1,5 +1,6 @@
 """MySQL connections: a batch carried out on a PyMySQL or an aiomysql connection (the
-two speak the same protocol and give the same rows), the rollback after an error, the
+two speak the same protocol and give the same rows; a mysqlclient one given to
+``store.using`` too), the rollback after an error, the
 sync pool's connections, and ``Hold``: where one flow's use of its connection stands,
 and the rules both drivers follow after an exception."""
 
@@ -82,16 +83,18 @@ def _result(description: Any, rows: Any, affected: Any) -> Result:
     return Result(tuple(d[0] for d in description), tuple(rows), int(affected or 0))
 
 
-# -- sync: PyMySQL ----------------------------------------------------------------------
+# -- sync: PyMySQL (and mysqlclient's MySQLdb, for a connection given to store.using) -----
 @functools.cache
-def _plain_cursor() -> type[Any]:
-    """PyMySQL's tuple cursor (a caller's connection may default to another class)."""
-    cursor: type[Any] = driver_module("pymysql").cursors.Cursor
+def _plain_cursor(package: str) -> type[Any]:
+    """The driver's tuple cursor (a caller's connection may default to another class):
+    PyMySQL's, or mysqlclient's (``MySQLdb``: the same DB-API, rows and results)."""
+    cursor: type[Any] = driver_module(f"{package}.cursors").Cursor
     return cursor
 
 
 def execute(conn: Any, batch: Batch) -> list[Result]:
-    with conn.cursor(_plain_cursor()) as cur:
+    package = type(conn).__module__.split(".", 1)[0]
+    with conn.cursor(_plain_cursor("MySQLdb" if package == "MySQLdb" else "pymysql")) as cur:
         cur.execute(batch.sql, batch.params)
         results = [_result(cur.description, cur.fetchall(), cur.rowcount)]
         while cur.nextset():

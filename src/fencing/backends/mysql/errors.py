@@ -1,6 +1,6 @@
 """MySQL's errors, translated where the driver is called (``raise translate(exc) from exc``)::
 
-    pymysql.err.*
+    pymysql.err.* (and mysqlclient's MySQLdb.*: the same numbers)
     ├── 1062 duplicate key                     -> DuplicateKey (create: AlreadyExists)
     ├── 1213 deadlock (rolled back)            -> Deadlock: the flow starts its
     │                                             transaction again, a few times
@@ -24,6 +24,7 @@ driver is ``MissingDependency`` naming the extra).
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any, Final
 
 from ..._checks import GUARD_REFUSAL
@@ -141,9 +142,23 @@ def in_step(exc: BaseException) -> bool:
     return server and exc.__context__ is None and exc.__cause__ is None
 
 
+def _mysqldb_errors() -> tuple[type[BaseException], ...]:
+    """mysqlclient's ``MySQLError`` and ``InterfaceError``, once it is imported (a
+    connection of it given to ``store.using``); none before."""
+    mysqldb = sys.modules.get("MySQLdb")
+    if mysqldb is None or not hasattr(mysqldb, "MySQLError"):
+        return ()
+    return (mysqldb.MySQLError, mysqldb.InterfaceError)
+
+
 def is_driver_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is PyMySQL's (aiomysql raises PyMySQL's), mysqlclient's, or the
+    socket's or codec's under them."""
     pymysql = driver_module("pymysql")
-    return isinstance(exc, pymysql.err.MySQLError | OSError | UnicodeError)
+    if isinstance(exc, pymysql.err.MySQLError | OSError | UnicodeError):
+        return True
+    found = _mysqldb_errors()
+    return bool(found) and isinstance(exc, found[0])
 
 
 def translate(exc: BaseException) -> FencingError:
@@ -159,7 +174,8 @@ def translate(exc: BaseException) -> FencingError:
     if code in _CONFIGURATION:
         return ConfigurationError(f"{text} (the URL's database or credentials)")
     pymysql = driver_module("pymysql")
-    if code in _TRANSIENT or isinstance(exc, OSError | pymysql.err.InterfaceError):
+    interface = (OSError, pymysql.err.InterfaceError, *_mysqldb_errors()[1:])
+    if code in _TRANSIENT or isinstance(exc, interface):
         return TransientStoreError(text)
     if code in _SCHEMA_ERRORS:
         return SchemaError(f"{text} (run store.migrate() / fencing migrate URL?)")

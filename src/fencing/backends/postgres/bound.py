@@ -51,7 +51,7 @@ from ..._flow import Flow
 from ..._request import CommitRequest, CommitResult, Target
 from .._abound import AsyncBoundBackend
 from .._bound import BoundBackend
-from .errors import translate
+from .errors import sqlstate, translate
 from .snapshot import Ours
 from .snapshot import latest as _latest
 from .statements import NOW, quoted
@@ -84,11 +84,16 @@ _ABORTED: Final = "your transaction could not be restored: roll it back"
 
 
 def bind(parent: Any, borrowed: Borrowed) -> Any:
-    """The store's flows on a psycopg 3 connection the caller gives."""
+    """The store's flows on a psycopg 3 (or psycopg2) connection the caller gives."""
+    if borrowed.kind == "psycopg2" and not borrowed.asynchronous:
+        from .psycopg2_bound import Psycopg2BoundBackend
+
+        return Psycopg2BoundBackend(parent, borrowed)
     if borrowed.kind != "psycopg":
         raise InvalidInput(
-            f"a postgresql store joins psycopg (3) connections, or SQLAlchemy sessions and"
-            f" connections on postgresql+psycopg, not {borrowed.kind}"
+            f"a postgresql store joins psycopg (3) and psycopg2 connections, or SQLAlchemy"
+            f" sessions and connections on postgresql+psycopg or postgresql+psycopg2, not"
+            f" {borrowed.kind}"
         )
     if isinstance(borrowed.source, (psycopg.Connection, psycopg.AsyncConnection)):
         hold(borrowed.source)
@@ -140,7 +145,7 @@ def _failed(exc: Exception, why: str | None) -> FencingError:
     """The fencing error for a step the server refused (or the driver could not send);
     ``why``: what became of the caller's transaction, if it is not as it was."""
     error = translate(exc)
-    if getattr(exc, "sqlstate", None) == "40001":
+    if sqlstate(exc) == "40001":
         error = SerializationFailure(
             f"{error}: your transaction's snapshot cannot see the row's newest version;"
             " roll your transaction back and run it again"
@@ -434,6 +439,11 @@ class PostgresBoundBackend(_Tables, BoundBackend):
                     raise _misresolved(step.name, tuple(theirs.rows[0]), ours)
                 known.add(step.name)
             return None
+        return self._statements(conn, step)
+
+    def _statements(self, conn: Any, step: Step) -> Any:
+        """A step's statements on the caller's connection (psycopg 3's; psycopg2's:
+        ``psycopg2.Psycopg2BoundBackend``)."""
         queries = _plan(step, self.parent.schema)
         name = _SAVEPOINT if _joins(conn) else None
         if name is not None:

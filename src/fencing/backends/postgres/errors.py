@@ -44,6 +44,7 @@ __all__ = [
     "Disconnected",
     "Retry",
     "self_deadlock",
+    "sqlstate",
     "translate",
 ]
 
@@ -104,9 +105,23 @@ def self_deadlock(exc: Exception, pid: int) -> SelfDeadlock:
     )
 
 
+def sqlstate(exc: BaseException) -> str:
+    """The error's SQLSTATE: psycopg 3's ``sqlstate``, psycopg2's ``pgcode`` ("": none)."""
+    return getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None) or ""
+
+
+def _driver_class(exc: BaseException, name: str) -> bool:
+    """Whether ``exc`` is psycopg's or psycopg2's DB-API exception class ``name``."""
+    return any(
+        cls.__name__ == name and cls.__module__.split(".", 1)[0] in ("psycopg", "psycopg2")
+        for cls in type(exc).__mro__
+    )
+
+
 def translate(exc: Exception) -> FencingError:
-    """The fencing error for a driver error (``raise translate(exc) from exc``)."""
-    state = getattr(exc, "sqlstate", None) or ""
+    """The fencing error for a driver error, psycopg 3's or psycopg2's (a connection given
+    to ``store.using``): ``raise translate(exc) from exc``."""
+    state = sqlstate(exc)
     diag = getattr(exc, "diag", None)
     text = f"postgresql: {str(exc).strip() or type(exc).__name__}"
     if state == "55P03":  # lock_timeout (or NOWAIT): the statement was cancelled whole
@@ -130,7 +145,7 @@ def translate(exc: Exception) -> FencingError:
         return ConfigurationError(f"{text} (the URL's database or credentials)")
     if isinstance(exc, PoolTimeout) or state in _TRANSIENT:
         return TransientStoreError(text)
-    if isinstance(exc, psycopg.OperationalError):
+    if isinstance(exc, psycopg.OperationalError) or _driver_class(exc, "OperationalError"):
         if not state or state.startswith("08") or state in _DISCONNECTED:
             return Disconnected(text)
         return TransientStoreError(text)
@@ -138,6 +153,6 @@ def translate(exc: Exception) -> FencingError:
         return SchemaError(f"{text} (run store.migrate() / fencing migrate URL?)")
     if state in _UNSTORABLE:
         return InvalidState(f"{text} (PostgreSQL cannot store this text)")
-    if isinstance(exc, psycopg.DataError) or state in ("42804", "42883"):
+    if _driver_class(exc, "DataError") or state in ("42804", "42883"):
         return InvalidInput(f"{text} (a value the column cannot hold or compare)")
     return StoreError(text)

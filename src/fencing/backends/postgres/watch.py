@@ -140,7 +140,8 @@ def _owner() -> tuple[int, int]:
 
 
 def hold(conn: Any) -> None:
-    """``conn`` (given to ``store.using``) is the current thread's (or task's)."""
+    """``conn`` (given to ``store.using``: psycopg 3's or psycopg2's, whose ``info`` says
+    the same) is the current thread's (or task's)."""
     owner = _owner()
     try:
         if _OWNER_OF.get(conn) == owner:
@@ -178,7 +179,7 @@ def held_here(info: Any) -> frozenset[int]:
         if where is not None
         and where[:3] == here
         and not conn.closed
-        and conn.pgconn.transaction_status in _OPEN
+        and conn.info.transaction_status in _OPEN  # (psycopg2's: the same numbers)
     )
 
 

@@ -1,5 +1,6 @@
 """A small Django project on the database ``FENCING_DJANGO_DB`` names (sqlite,
-postgresql, or mysql: MariaDB/MySQL through PyMySQL installed as MySQLdb).
+postgresql (psycopg 3), postgresql-psycopg2, mysql (MariaDB/MySQL through PyMySQL
+installed as MySQLdb) or mysql-mysqlclient (mysqlclient, Django's default)).
 
 ``FENCING_DJANGO_DIR``: where the SQLite files go; ``FENCING_DJANGO_TEST_NAME``: the
 test database's name (unique per run, so concurrent runs do not meet)."""
@@ -33,10 +34,12 @@ if VENDOR == "sqlite":
             "TEST": {"NAME": os.path.join(HERE, f"{TEST_NAME}.sqlite3")},
         }
     }
-elif VENDOR == "postgresql":
+elif VENDOR in ("postgresql", "postgresql-psycopg2"):
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.postgresql",
+            "ENGINE": "django.db.backends.postgresql"
+            if VENDOR == "postgresql"
+            else "testproject.psycopg2_backend",  # Django's backend, on psycopg2
             "NAME": NAME,
             "USER": "root",
             "HOST": "127.0.0.1",
@@ -44,10 +47,11 @@ elif VENDOR == "postgresql":
             "TEST": {"NAME": TEST_NAME},
         }
     }
-elif VENDOR == "mysql":
-    import pymysql
+elif VENDOR in ("mysql", "mysql-mysqlclient"):
+    if VENDOR == "mysql":  # else mysqlclient, Django's default MySQL driver
+        import pymysql
 
-    pymysql.install_as_MySQLdb()
+        pymysql.install_as_MySQLdb()
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.mysql",
@@ -60,12 +64,15 @@ elif VENDOR == "mysql":
         }
     }
 else:
-    raise RuntimeError(f"FENCING_DJANGO_DB={VENDOR!r}: sqlite, postgresql or mysql")
+    raise RuntimeError(
+        f"FENCING_DJANGO_DB={VENDOR!r}: sqlite, postgresql, postgresql-psycopg2, mysql or"
+        " mysql-mysqlclient"
+    )
 
 FENCING = {"SIGNING_KEYS": {"k1": "tests-only-secret"}}
 if os.environ.get("FENCING_DJANGO_MIGRATE"):  # "check": the tables are the migrations' to make
     FENCING["MIGRATE"] = os.environ["FENCING_DJANGO_MIGRATE"]
-if VENDOR == "postgresql":  # fencing's own tables in a schema of their own
+if VENDOR.startswith("postgresql"):  # fencing's own tables in a schema of their own
     FENCING["OPTIONS"] = {"default": {"schema": "fencing", "max_size": 4}}
 
 # Never connected to (no test uses them): what database_url() makes of odd settings.
