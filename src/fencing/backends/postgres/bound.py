@@ -84,11 +84,8 @@ _ABORTED: Final = "your transaction could not be restored: roll it back"
 
 
 def bind(parent: Any, borrowed: Borrowed) -> Any:
-    """The store's flows on a psycopg 3 (or psycopg2) connection the caller gives."""
-    if borrowed.kind == "psycopg2" and not borrowed.asynchronous:
-        from .psycopg2_bound import Psycopg2BoundBackend
-
-        return Psycopg2BoundBackend(parent, borrowed)
+    """The store's flows on a psycopg 3 connection the caller gives (psycopg2's:
+    ``psycopg2_bound.bind``, which the driver asks first)."""
     if borrowed.kind != "psycopg":
         raise InvalidInput(
             f"a postgresql store joins psycopg (3) and psycopg2 connections, or SQLAlchemy"

@@ -30,7 +30,7 @@ from .._abase import AsyncFlowBackend
 from .._base import FlowBackend
 from .._contract import AsyncBackend, Backend, Flows
 from .._pool import Pool
-from . import bound
+from . import bound, psycopg2_bound
 from .errors import CONFIG_STATES, CONFIG_TEXT, self_deadlock, translate
 from .flows import PostgresFlows
 from .listen import AsyncPostgresWaker, PostgresWaker
@@ -152,6 +152,8 @@ class PostgresBackend(_Postgres, FlowBackend):
 
     def bind(self, borrowed: Borrowed) -> bound.PostgresBoundBackend:
         """The store's flows on the caller's psycopg connection (``store.using``)."""
+        if borrowed.kind == "psycopg2":
+            return psycopg2_bound.Psycopg2BoundBackend(self, borrowed)
         found: bound.PostgresBoundBackend = bound.bind(self, borrowed)
         return found
 
