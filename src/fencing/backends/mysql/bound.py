@@ -225,7 +225,7 @@ def _ends_idle(conn: Any, result: object) -> bool:
     return (
         isinstance(result, CommitResult)
         and result.status not in (Status.APPLIED, Status.OK)
-        and bool(conn.server_status & _IN_TRANS)
+        and _status_in_transaction(conn)
     )
 
 
@@ -288,7 +288,8 @@ class MySQLBoundBackend(BoundBackend):
         if not self._seen(conn):
             self._check(conn)
         on = _On(conn)
-        idle = not conn.server_status & _IN_TRANS
+        # (mysqlclient keeps no transaction status: its refused commits are left to you)
+        idle = not _asks_server(conn) and not conn.server_status & _IN_TRANS
         try:
             result = drive(flow, lambda step: self._on(on, step))
             if idle and _ends_idle(conn, result):
