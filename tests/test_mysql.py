@@ -645,15 +645,18 @@ def test_missing_driver_names_the_extra(
     mysql_url: str, api: str, loop: Loop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     driver = "pymysql" if api == "sync" else "aiomysql"
-    monkeypatch.setitem(sys.modules, driver, None)
 
     def open_() -> Any:
         if api == "sync":
             return fencing.open(mysql_url)
         return loop.run(fencing.open_async(mysql_url))
 
-    with pytest.raises(fencing.MissingDependency, match=r"fencing\[mysql\]"):
-        open_()
+    # undone before the fixtures' teardown, which drops the test database with pymysql
+    # (the monkeypatch fixture itself may be torn down after them)
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, driver, None)
+        with pytest.raises(fencing.MissingDependency, match=r"fencing\[mysql\]"):
+            open_()
 
 
 def test_idle_connection_killed_is_replaced_quietly(mstore: Any, mysql_url: str) -> None:
