@@ -20,6 +20,17 @@ payload the broker refuses, a queue that does not exist) can be given up as *dea
 and ``dead_at``, and no longer holds its key back. ``outbox.dead()`` lists dead rows,
 ``outbox.retry(ids)`` puts them back to pending, ``outbox.drop(ids)`` deletes them.
 
+A send with ``supersede=True`` *supersedes*, in its own transaction, every older row of
+the same key, queue kind and task that is still waiting (unsent, not dead, under no
+live claim): a superseded row is settled without being published (``sent_at`` and
+``superseded_at`` are the store's clock then), so it is never claimed and no longer holds
+its key back; a row under a live claim is on its way and is published, the newer one
+after it. ``debounce=S`` (with ``max_wait=M``) makes the row *due* only ``S`` seconds
+after it was written, and never later than ``M`` seconds after the first send of the
+burst it superseded (``due_at``, ``burst_at``; schema version 6 on SQLite and
+PostgreSQL, 7 on MySQL/MariaDB): a claim takes no row of a key from its first row that
+is not yet due (per-key order holds), and other keys are not held back.
+
 Every backend stores the same row (``OUTBOX_COLUMNS``) and answers with
 :class:`OutboxRow` values built by :func:`outbox_row`.
 """
@@ -29,7 +40,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from ._errors import InvalidInput, OutboxRowNotDead, UnknownOutboxRow
@@ -49,9 +60,12 @@ __all__ = [
     "check_dead",
     "check_ids",
     "check_message",
+    "check_supersede",
     "claimable",
+    "due_times",
     "message_from",
     "outbox_row",
+    "supersedes",
 ]
 
 #: The task queues a relay publishes to.
@@ -65,7 +79,11 @@ STORED_COLUMNS: Final = ("kind", "task", "queue", "payload", "options", "okey")
 #: The stored row, in this order, on every backend (``options`` is a JSON object; the
 #: claim's columns are NULL until a relay claims the row, ``sent_at`` until it is sent;
 #: ``strikes``: failed publishes that count toward a relay's ``dead_after``, ``dead_at``:
-#: when a relay gave the row up as dead, NULL while it is not; schema version 5).
+#: when a relay gave the row up as dead, NULL while it is not; schema version 5;
+#: ``superseded_at``: when a newer send superseded the row (then ``sent_at`` is the
+#: same: the row is settled, never published), ``due_at``: not claimed before (a
+#: debounced send), ``burst_at``: when the first send of the burst a superseding send
+#: ended was written; schema version 6, 7 on MySQL/MariaDB).
 OUTBOX_COLUMNS: Final = (
     "id",
     "kind",
@@ -83,7 +101,12 @@ OUTBOX_COLUMNS: Final = (
     "sent_at",
     "strikes",
     "dead_at",
+    "superseded_at",
+    "due_at",
+    "burst_at",
 )
+#: The longest ``debounce`` or ``max_wait`` of a send: one day (seconds).
+MAX_DEBOUNCE: Final = 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +122,12 @@ class OutboxMessage:
     key: str
     queue: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: supersede the older waiting rows of the same key, kind and task (``outbox.send``)
+    supersede: bool = False
+    #: seconds a superseding row waits before it is due (None: due at once)
+    debounce: float | None = None
+    #: the longest a burst waits: seconds from the first send it superseded
+    max_wait: float | None = None
 
     def options_json(self) -> str:
         # strict JSON: NaN and infinity are not JSON, and no relay could read them back
@@ -135,10 +164,21 @@ class OutboxRow:
     strikes: int = 0
     #: when a relay gave the row up as dead (the store's clock); None: not dead
     dead_at: float | None = None
+    #: when a newer send superseded the row (never published); None: not superseded
+    superseded_at: float | None = None
+    #: a debounced row is not claimed before this time (the store's clock); None: at once
+    due_at: float | None = None
+    #: a superseding row: when the first send of the burst it ended was written
+    burst_at: float | None = None
 
     @property
     def sent(self) -> bool:
-        return self.sent_at is not None
+        """Published and marked sent (a superseded row is settled, not sent)."""
+        return self.sent_at is not None and self.superseded_at is None
+
+    @property
+    def superseded(self) -> bool:
+        return self.superseded_at is not None
 
     @property
     def dead(self) -> bool:
@@ -146,7 +186,10 @@ class OutboxRow:
 
     @property
     def state(self) -> str:
-        """``pending`` (to publish), ``sent`` or ``dead`` (given up: ``outbox.retry``)."""
+        """``pending`` (to publish), ``sent``, ``superseded`` (a newer send of its key and
+        task replaced it: never published) or ``dead`` (given up: ``outbox.retry``)."""
+        if self.superseded:
+            return "superseded"
         return "sent" if self.sent else "dead" if self.dead else "pending"
 
     def age(self, now: float) -> float:
@@ -175,6 +218,8 @@ class OutboxStats:
     oldest_age: float
     now: float
     dead: int = 0
+    #: rows superseded by a newer send (never published), until pruned like sent ones
+    superseded: int = 0
 
 
 def claimable(rows: Sequence[OutboxRow], kind: str, now: float, limit: int) -> list[OutboxRow]:
@@ -182,14 +227,77 @@ def claimable(rows: Sequence[OutboxRow], kind: str, now: float, limit: int) -> l
     store that keeps rows in Python): ``rows`` are all rows, in id order."""
     live = [r for r in rows if r.sent_at is None and r.dead_at is None]
     held = {r.key for r in live if r.claimed_until is not None and r.claimed_until > now}
-    free = [r for r in live if r.kind == kind and r.key not in held]
+    free: list[OutboxRow] = []
+    for r in live:  # in id order: a row not yet due holds back its key's later rows
+        if r.due_at is not None and r.due_at > now:
+            held.add(r.key)
+        if r.kind == kind and r.key not in held:
+            free.append(r)
     return free[:limit]
+
+
+def supersedes(row: OutboxRow, message: OutboxMessage, now: float) -> bool:
+    """Whether ``message`` sent at ``now`` with ``supersede`` supersedes ``row`` (the rule
+    of every store): same key, queue kind and task, waiting (unsent, not dead), and under
+    no live claim (a claimed row is on its way: it is published, the new one after it)."""
+    return (
+        message.supersede
+        and (row.key, row.kind, row.task) == (message.key, message.kind, message.task)
+        and row.sent_at is None
+        and row.dead_at is None
+        and (row.claimed_until is None or row.claimed_until <= now)
+    )
+
+
+def due_times(
+    message: OutboxMessage, now: float, burst: float | None
+) -> tuple[float | None, float | None]:
+    """``(due_at, burst_at)`` of the row ``message`` writes at ``now``, ``burst`` being the
+    earliest ``burst_at`` or ``created_at`` of the rows it supersedes (None: none): a
+    debounced row is due ``debounce`` seconds from now, and never later than ``max_wait``
+    seconds after the burst began."""
+    if not message.supersede:
+        return None, None
+    began = now if burst is None else min(float(burst), now)
+    if message.debounce is None:
+        return None, began
+    cap = began + (message.max_wait if message.max_wait is not None else math.inf)
+    return max(now, min(now + message.debounce, cap)), began
+
+
+def _seconds(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(f"{name} is a number of seconds")
+    if not 0 <= value <= MAX_DEBOUNCE:
+        raise InvalidInput(f"{name} is from 0 to {MAX_DEBOUNCE:.0f} seconds")
+    return float(value)
+
+
+def check_supersede(
+    supersede: object, debounce: object, max_wait: object
+) -> tuple[bool, float | None, float | None]:
+    """A send's ``supersede``, ``debounce`` and ``max_wait``, checked: ``debounce`` implies
+    ``supersede`` (None: not given), and ``max_wait`` defaults to ten times ``debounce``
+    (a key written without pause is still published at least that often)."""
+    if supersede is not None and not isinstance(supersede, bool):
+        raise InvalidInput("supersede is True or False")
+    if debounce is None:
+        if max_wait is not None:
+            raise InvalidInput("max_wait bounds a debounce: give debounce= too")
+        return bool(supersede), None, None
+    if supersede is False:
+        raise InvalidInput("debounce= supersedes the older rows: not with supersede=False")
+    wait = _seconds(debounce, "debounce")
+    most = 10 * wait if max_wait is None else _seconds(max_wait, "max_wait")
+    if most < wait:
+        raise InvalidInput("max_wait is at least debounce")
+    return True, wait, min(most, MAX_DEBOUNCE)
 
 
 def outbox_row(values: Sequence[Any]) -> OutboxRow:
     """An :class:`OutboxRow` from a stored row (``OUTBOX_COLUMNS`` order)."""
     (rid, kind, task, queue, payload, options, key, created, attempts, error) = values[:10]
-    token, by, until, sent, strikes, dead = values[10:16]
+    token, by, until, sent, strikes, dead, superseded, due, burst = values[10:19]
     return OutboxRow(
         int(rid),
         str(kind),
@@ -207,6 +315,9 @@ def outbox_row(values: Sequence[Any]) -> OutboxRow:
         None if sent is None else float(sent),
         int(strikes),
         None if dead is None else float(dead),
+        None if superseded is None else float(superseded),
+        None if due is None else float(due),
+        None if burst is None else float(burst),
     )
 
 
@@ -243,6 +354,9 @@ def check_message(message: object) -> OutboxMessage:
         raise InvalidInput(f"outbox send options must be JSON values: {exc}") from None
     if _utf8_size(text) > MAX_OPTIONS_BYTES:
         raise InvalidInput(f"outbox send options are at most {MAX_OPTIONS_BYTES} bytes of JSON")
+    flags = check_supersede(message.supersede, message.debounce, message.max_wait)
+    if flags != (message.supersede, message.debounce, message.max_wait):
+        message = replace(message, supersede=flags[0], debounce=flags[1], max_wait=flags[2])
     return message
 
 
@@ -300,10 +414,19 @@ def check_dead(ids: Sequence[int], found: Mapping[int, bool], verb: str) -> None
 
 
 def message_from(
-    task: object, what: Any, transition: str | None, guard: Any, options: Any
+    task: object,
+    what: Any,
+    transition: str | None,
+    guard: Any,
+    options: Any,
+    supersede: bool | None = None,
+    debounce: float | None = None,
+    max_wait: float | None = None,
 ) -> OutboxMessage:
     """The message for ``outbox.send(task, what, ...)``: the fenced task (of any of the
-    four queue integrations) encodes it, as its own ``enqueue`` would send it."""
+    four queue integrations) encodes it, as its own ``enqueue`` would send it; the
+    send's ``supersede``/``debounce``/``max_wait``, or else the task's own (its
+    ``fencing.outbox_supersede``: ``fenced_task(..., supersede=True)``)."""
     spec = getattr(task, "fencing", None)
     build = getattr(spec, "outbox_message", None)
     if build is None:
@@ -311,4 +434,10 @@ def message_from(
             "outbox.send() takes a fenced task (fenced_task, fenced_job, fenced_actor or"
             f" fenced_function of fencing.contrib), not {type(task).__name__}"
         )
-    return check_message(build(task, what, transition, guard=guard, options=dict(options)))
+    if supersede is None and debounce is None and max_wait is None:
+        supersede, debounce, max_wait = getattr(spec, "outbox_supersede", (None, None, None))
+    message = build(task, what, transition, guard=guard, options=dict(options))
+    flags = check_supersede(supersede, debounce, max_wait)
+    return check_message(
+        replace(message, supersede=flags[0], debounce=flags[1], max_wait=flags[2])
+    )

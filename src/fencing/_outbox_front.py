@@ -60,14 +60,27 @@ class Outbox:
         transition: str | None = None,
         *,
         guard: Any = None,
+        supersede: bool | None = None,
+        debounce: float | None = None,
+        max_wait: float | None = None,
         **options: Any,
     ) -> OutboxRow:
         """Write fenced ``task``'s message for ``what`` (an intent, or a record and the
         ``transition`` to decide) as one outbox row: on a view of ``store.using``, in your
         transaction. ``task`` is a fenced task of Celery, RQ, Dramatiq or arq
         (``fencing.contrib``); ``options`` are what its own enqueue takes (Celery's
-        ``countdown``, ``queue``, ...), JSON values, applied when the relay publishes."""
-        message = message_from(task, what, transition, guard, options)
+        ``countdown``, ``queue``, ...), JSON values, applied when the relay publishes.
+
+        ``supersede=True``: in the same transaction, the older rows of the same key and
+        task still waiting (unsent, not dead, under no live claim) are superseded: never
+        published, they no longer hold the key back. ``debounce=S``: the row is due only
+        ``S`` seconds from now, or ``max_wait`` seconds (default ``10 * S``) after the
+        first send of the burst it superseded, whichever is sooner (the store's clock);
+        it implies ``supersede``. Left out, the task's own setting applies
+        (``fenced_task(..., supersede=True, debounce=S)``)."""
+        message = message_from(
+            task, what, transition, guard, options, supersede, debounce, max_wait
+        )
         return self._store._live().outbox_add(message)
 
     def pending(self, *, kind: str | None = None, limit: int = 100) -> list[OutboxRow]:

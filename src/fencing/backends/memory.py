@@ -26,6 +26,8 @@ from .._outbox import (
     OutboxStats,
     check_dead,
     claimable,
+    due_times,
+    supersedes,
 )
 from .._request import (
     AppliedIntent,
@@ -377,11 +379,17 @@ class MemoryBackend:
     # -- the outbox (kept in id order; the claim rule is ``_outbox.claimable``) ------------
     def outbox_add(self, message: OutboxMessage) -> OutboxRow:
         with self._lock:
+            now = self.clock()
+            old = [r for r in self._outbox.values() if supersedes(r, message, now)]
+            burst = min((r.burst_at or r.created_at for r in old), default=None)
+            for r in old:  # settled, never published: no claim, no key held back
+                self._outbox[r.id] = replace(r, sent_at=now, superseded_at=now, **_UNCLAIMED)
+            due, began = due_times(message, now, burst)
             self._outbox_id += 1
             row = OutboxRow(
                 self._outbox_id, message.kind, message.task, message.queue, message.payload,
-                json.loads(message.options_json()), message.key, self.clock(), 0, None,
-                None, None, None, None,
+                json.loads(message.options_json()), message.key, now, 0, None,
+                None, None, None, None, due_at=due, burst_at=began,
             )  # fmt: skip
             self._outbox[row.id] = row
             return row
@@ -403,7 +411,7 @@ class MemoryBackend:
         return [
             r
             for r in found
-            if r is not None and r.claim_token == token and not r.sent and not r.dead
+            if r is not None and r.claim_token == token and r.sent_at is None and not r.dead
         ]
 
     def outbox_done(self, token: int, ids: Sequence[int]) -> int:
@@ -458,7 +466,8 @@ class MemoryBackend:
             rows = self._rows(kind, "pending")
             oldest = min((r.created_at for r in rows), default=now)
             dead = len(self._rows(kind, "dead"))
-            return OutboxStats(len(rows), max(0.0, now - oldest), now, dead)
+            superseded = len(self._rows(kind, "superseded"))
+            return OutboxStats(len(rows), max(0.0, now - oldest), now, dead, superseded)
 
     def _dead_ones(self, ids: Sequence[int], verb: str) -> None:
         found = {i: self._outbox[i].dead for i in ids if i in self._outbox}

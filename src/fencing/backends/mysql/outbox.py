@@ -31,6 +31,7 @@ from ..._outbox import (
     OutboxRow,
     OutboxStats,
     check_dead,
+    due_times,
     outbox_row,
 )
 from .restart import restarts_on_deadlock
@@ -45,12 +46,29 @@ ADD: Final = (
     f" VALUES (%s, %s, %s, %s, %s, %s, {NOW})"
 )
 READ_ADDED: Final = f"SELECT {_COLUMNS} FROM fencing_outbox WHERE id = LAST_INSERT_ID()"
-# "no unsent row of the key is under a live claim", as the latest deadline of the key's
-# unsent rows, read from fencing_outbox_key alone, per candidate key: MariaDB turns the
-# same test written NOT EXISTS into a NOT IN over every unsent row (the whole backlog)
+#: a superseding send: the key's, kind's and task's waiting rows under no live claim,
+#: locked (a claim skips them; one that took a row first keeps it), with when their
+#: burst began; then those settled and the new row written, due as ``due_times`` says
+TO_SUPERSEDE: Final = (
+    "SELECT id, COALESCE(burst_at, created_at) FROM fencing_outbox WHERE unsent_key = %s"
+    " AND kind = %s AND task = %s AND COALESCE(claimed_until, 0) <= @f_now FOR UPDATE"
+)
+SUPERSEDE: Final = (
+    "UPDATE fencing_outbox SET sent_at = @f_now, superseded_at = @f_now, claim_token = NULL,"
+    " claimed_by = NULL, claimed_until = NULL WHERE id IN ({ids})"
+)
+ADD_DUE: Final = (
+    "INSERT INTO fencing_outbox (kind, task, queue, payload, options, okey, created_at,"
+    " due_at, burst_at) VALUES (%s, %s, %s, %s, %s, %s, @f_now, %s, %s)"
+)
+# "no unsent row of the key is under a live claim, nor up to the candidate a row not yet
+# due (debounced)", as the latest deadline of the key's unsent rows, read from
+# fencing_outbox_key alone, per candidate key: MariaDB turns the same test written NOT
+# EXISTS into a NOT IN over every unsent row (the whole backlog)
 CANDIDATES: Final = (
     "SELECT o.id, o.okey FROM fencing_outbox o WHERE o.unsent_kind = %s"
-    " AND COALESCE((SELECT MAX(p.claimed_until) FROM fencing_outbox p"
+    " AND COALESCE((SELECT MAX(GREATEST(COALESCE(p.claimed_until, 0),"
+    " IF(p.id <= o.id, COALESCE(p.due_at, 0), 0))) FROM fencing_outbox p"
     " WHERE p.unsent_key = o.okey), 0) <= @f_now"
     " ORDER BY o.id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
@@ -73,6 +91,9 @@ LIST_DEAD_KIND: Final = (
 )
 COUNT_DEAD_ALL: Final = f"SELECT COUNT(*) FROM fencing_outbox WHERE {_DEAD}"
 COUNT_DEAD_KIND: Final = f"SELECT COUNT(*) FROM fencing_outbox WHERE {_DEAD} AND kind = %s"
+_SUPERSEDED: Final = "SELECT COUNT(*) FROM fencing_outbox WHERE superseded_at IS NOT NULL"
+COUNT_SUPERSEDED_ALL: Final = _SUPERSEDED
+COUNT_SUPERSEDED_KIND: Final = f"{_SUPERSEDED} AND kind = %s"
 FIND: Final = f"SELECT id, {_DEAD} FROM fencing_outbox WHERE id IN ({{ids}}) FOR UPDATE"
 RETRY: Final = (
     "UPDATE fencing_outbox SET attempts = 0, strikes = 0, dead_at = NULL WHERE id IN ({ids})"
@@ -90,6 +111,7 @@ STATS_ALL: Final = (
 STATS_KIND: Final = (
     f"SELECT COUNT(*), MIN(created_at), {NOW} FROM fencing_outbox WHERE unsent_kind = %s"
 )
+#: sent rows, and superseded ones (settled then: their ``sent_at`` is when)
 PRUNE: Final = f"DELETE FROM fencing_outbox WHERE sent_at < {NOW} - %s"
 # the newest claim is kept: its AUTO_INCREMENT then never goes back, even on old servers
 PRUNE_CLAIMS: Final = (
@@ -113,10 +135,29 @@ class MySQLOutboxFlows:
 
     @restarts_on_deadlock
     def outbox_add(self, message: OutboxMessage) -> Flow[OutboxRow]:
+        if message.supersede:
+            return (yield from self._supersede(message))
         script = Script(begin=True)
         script.add(ADD, *message.stored())
         read = script.add(READ_ADDED)
         results: list[Result] = yield script.batch(end=True)
+        return outbox_row(results[read].rows[0])
+
+    def _supersede(self, message: OutboxMessage) -> Flow[OutboxRow]:
+        script = Script(begin=True)
+        script.add(SET_NOW)
+        now_at = script.add("SELECT @f_now")
+        old_at = script.add(TO_SUPERSEDE, message.key, message.kind, message.task)
+        results: list[Result] = yield script.batch()
+        now = float(results[now_at].rows[0][0])
+        old = results[old_at].rows
+        due, burst = due_times(message, now, min((float(b) for _, b in old), default=None))
+        script = Script()
+        if old:
+            script.add(SUPERSEDE.format(ids=_ids([int(i) for i, _ in old])))
+        script.add(ADD_DUE, *message.stored(), due, burst)
+        read = script.add(READ_ADDED)
+        results = yield script.batch(end=True)
         return outbox_row(results[read].rows[0])
 
     @restarts_on_deadlock
@@ -237,13 +278,16 @@ class MySQLOutboxFlows:
         if kind is None:
             script.add(STATS_ALL)
             script.add(COUNT_DEAD_ALL)
+            script.add(COUNT_SUPERSEDED_ALL)
         else:
             script.add(STATS_KIND, kind)
             script.add(COUNT_DEAD_KIND, kind)
+            script.add(COUNT_SUPERSEDED_KIND, kind)
         results: list[Result] = yield script.batch()
         count, oldest, now = results[0].rows[0]
         age = 0.0 if oldest is None else max(0.0, float(now) - float(oldest))
-        return OutboxStats(int(count), age, float(now), int(results[1].rows[0][0]))
+        dead, superseded = int(results[1].rows[0][0]), int(results[2].rows[0][0])
+        return OutboxStats(int(count), age, float(now), dead, superseded)
 
     @restarts_on_deadlock
     def outbox_prune(self, older_than: float) -> Flow[int]:

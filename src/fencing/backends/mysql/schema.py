@@ -25,8 +25,9 @@ __all__ = [
 # 3: an applied intent is keyed by (scope, intent_id, key_text): an id names work on one key;
 # 4: the outbox (3 -> 4 only added two tables);
 # 5: the outbox's two indexes of unsent rows cover what claims and stats read;
-# 6: the outbox's dead rows (5 -> 6: two columns, the pending columns skip dead rows)
-SCHEMA_VERSION: Final = 6
+# 6: the outbox's dead rows (5 -> 6: two columns, the pending columns skip dead rows);
+# 7: superseded and debounced rows (6 -> 7: three columns, due_at in the key's index)
+SCHEMA_VERSION: Final = 7
 
 
 def _ddl() -> tuple[str, ...]:
@@ -70,6 +71,20 @@ _DEAD_ROWS: Final = (
     " ADD KEY fencing_outbox_dead (dead_at)"
 )
 
+# 6 -> 7, on a table of version 6 or older only (one made above has the columns)
+_HAS_SUPERSEDED_AT: Final = (
+    "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE()"
+    " AND TABLE_NAME = 'fencing_outbox' AND COLUMN_NAME = 'superseded_at'"
+)
+_SUPERSEDED_ROWS: Final = (
+    "ALTER TABLE fencing_outbox ADD COLUMN superseded_at DOUBLE NULL AFTER dead_at,"
+    " ADD COLUMN due_at DOUBLE NULL AFTER superseded_at,"
+    " ADD COLUMN burst_at DOUBLE NULL AFTER due_at,"
+    " DROP INDEX fencing_outbox_key,"
+    " ADD INDEX fencing_outbox_key (unsent_key, id, claimed_until, due_at),"
+    " ADD KEY fencing_outbox_superseded (superseded_at, kind)"
+)
+
 
 def migrate() -> Flow[None]:
     """Create fencing's tables (idempotent) and upgrade an older schema; ``SchemaError``
@@ -91,10 +106,13 @@ def migrate() -> Flow[None]:
         if version == 4:  # older: the outbox was just made, with the version 5 indexes
             script.add(_OUTBOX_COVERING)
         has_dead_at = script.add(_HAS_DEAD_AT)
+        has_superseded_at = script.add(_HAS_SUPERSEDED_AT)
         results = yield script.batch()
         script = Script()
         if not int(results[has_dead_at].rows[0][0]):
             script.add(_DEAD_ROWS)
+        if not int(results[has_superseded_at].rows[0][0]):
+            script.add(_SUPERSEDED_ROWS)
         script.add(_SCHEMA_BUMP, SCHEMA_VERSION, SCHEMA_VERSION)
         yield script.batch()
 
@@ -103,7 +121,8 @@ def upgrade_ddl(stored: int | None) -> tuple[str, ...]:
     """The static DDL of ``migrate`` on a database whose fencing schema is known to be at
     version ``stored`` (None: no fencing tables), for an offline migration to write
     out: the statements ``migrate`` runs, each step as it decides it there (an outbox
-    lacks its dead rows' columns at versions 4 and 5 only: one made now has them)."""
+    lacks its dead rows' columns at versions 4 and 5 only, its superseded rows' at 4 to
+    6: one made now has them)."""
     version = str(SCHEMA_VERSION)
     texts = [*DDL, _SCHEMA_ROW.replace("%s", version)]
     if stored is not None and stored < SCHEMA_VERSION:
@@ -113,6 +132,8 @@ def upgrade_ddl(stored: int | None) -> tuple[str, ...]:
             texts.append(_OUTBOX_COVERING)
         if stored in (4, 5):
             texts.append(_DEAD_ROWS)
+        if stored in (4, 5, 6):
+            texts.append(_SUPERSEDED_ROWS)
         texts.append(_SCHEMA_BUMP.replace("%s", version))
     return tuple(texts)
 

@@ -71,7 +71,9 @@ CREATE TABLE IF NOT EXISTS fencing_effects (
 -- the indexes cover what a claim's key check (claimed_until) and the stats (created_at)
 -- read (schema version 5), so neither looks a row up: a big backlog made the optimizer
 -- scan the table instead. Schema version 6 added strikes and dead_at (schema.py's
--- _DEAD_ROWS upgrades a table of version 4 or 5)
+-- _DEAD_ROWS upgrades a table of version 4 or 5); schema version 7 added superseded_at,
+-- due_at and burst_at (superseded and debounced rows; a superseded row has sent_at too,
+-- so it leaves the pending columns) and due_at to the key's index (_SUPERSEDED_ROWS)
 CREATE TABLE IF NOT EXISTS fencing_outbox (
   id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
   kind VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
@@ -89,14 +91,18 @@ CREATE TABLE IF NOT EXISTS fencing_outbox (
   sent_at DOUBLE NULL,
   strikes INT NOT NULL DEFAULT 0,
   dead_at DOUBLE NULL,
+  superseded_at DOUBLE NULL,
+  due_at DOUBLE NULL,
+  burst_at DOUBLE NULL,
   unsent_kind VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin
   GENERATED ALWAYS AS (IF(sent_at IS NULL AND dead_at IS NULL, kind, NULL)) STORED,
   unsent_key VARCHAR(512)
   GENERATED ALWAYS AS (IF(sent_at IS NULL AND dead_at IS NULL, okey, NULL)) STORED,
   KEY fencing_outbox_unsent (unsent_kind, id, created_at),
-  KEY fencing_outbox_key (unsent_key, id, claimed_until),
+  KEY fencing_outbox_key (unsent_key, id, claimed_until, due_at),
   KEY fencing_outbox_sent (sent_at),
-  KEY fencing_outbox_dead (dead_at)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+  KEY fencing_outbox_dead (dead_at),
+  KEY fencing_outbox_superseded (superseded_at, kind)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
 -- claim tokens: AUTO_INCREMENT, so a token is never handed out twice (InnoDB keeps
 -- the counter across restarts on MariaDB 10.2.4+ / MySQL 8)

@@ -47,13 +47,33 @@ _COLUMNS: Final = ", ".join(OUTBOX_COLUMNS)
 _OF_R: Final = ", ".join(f"r.{c}" for c in OUTBOX_COLUMNS)
 _OF_O: Final = ", ".join(f"o.{c}" for c in OUTBOX_COLUMNS)
 _OF_T: Final = ", ".join(f"t.{c}" for c in OUTBOX_COLUMNS)
+#: a superseding send (``%(supersede)s``): the key's, kind's and task's waiting rows
+#: under no live claim settled (``old``, locked: a claim skips them, and a claim that
+#: took one first keeps it), and the new row due as ``_outbox.due_times`` says
+ADD_DUE: Final = (
+    f"WITH c AS (SELECT {NOW} AS now), old AS (UPDATE fencing_outbox o SET sent_at = c.now,"
+    " superseded_at = c.now, claim_token = NULL, claimed_by = NULL, claimed_until = NULL"
+    " FROM c WHERE o.okey = %(okey)s AND o.kind = %(kind)s AND o.task = %(task)s"
+    " AND o.sent_at IS NULL AND o.dead_at IS NULL"
+    " AND (o.claimed_until IS NULL OR o.claimed_until <= c.now)"
+    " RETURNING coalesce(o.burst_at, o.created_at) AS began),"
+    " b AS (SELECT least(coalesce(min(old.began), c.now), c.now) AS began, c.now FROM c"
+    " LEFT JOIN old ON true GROUP BY c.now),"
+    " r AS (INSERT INTO fencing_outbox (kind, task, queue, payload, options, okey,"
+    " created_at, due_at, burst_at) SELECT %(kind)s, %(task)s, %(queue)s, %(payload)s,"
+    " %(options)s, %(okey)s, b.now, CASE WHEN %(debounce)s::float8 IS NOT NULL THEN"
+    " greatest(b.now, least(b.now + %(debounce)s::float8, b.began + %(max_wait)s::float8))"
+    f" END, b.began FROM b RETURNING {_COLUMNS})"
+    f" SELECT {_OF_R}, pg_notify('{CHANNEL}', %(wake)s || r.kind)::text FROM r"
+)
 ADD: Final = (
     "WITH r AS (INSERT INTO fencing_outbox (kind, task, queue, payload, options, okey,"
     f" created_at) VALUES (%(kind)s, %(task)s, %(queue)s, %(payload)s, %(options)s,"
     f" %(okey)s, {NOW}) RETURNING {_COLUMNS})"
     f" SELECT {_OF_R}, pg_notify('{CHANNEL}', %(wake)s || r.kind)::text FROM r"
 )
-#: Candidates: unsent rows of a kind whose key no committed live claim holds, locked
+#: Candidates: unsent rows of a kind whose key no committed live claim holds, nor up to
+#: the row a row not yet due (a debounced send; a superseded row is settled), locked
 #: (skipping rows another transaction holds); ``mine``: every unsent row of their keys
 #: up to the last candidate this claim could lock, as they are now (a key's later rows
 #: do not matter, and are not locked: a claim costs its rows, not the key's backlog);
@@ -65,7 +85,8 @@ ADD: Final = (
 CLAIM: Final = (
     "WITH cand AS (SELECT o.id, o.okey FROM fencing_outbox o WHERE o.sent_at IS NULL"
     " AND o.dead_at IS NULL AND o.kind = %(kind)s AND NOT EXISTS (SELECT 1 FROM fencing_outbox p"
-    f" WHERE p.okey = o.okey AND p.sent_at IS NULL AND p.claimed_until > {NOW})"
+    f" WHERE p.okey = o.okey AND p.sent_at IS NULL AND (p.claimed_until > {NOW}"
+    f" OR (p.due_at > {NOW} AND p.id <= o.id AND p.dead_at IS NULL)))"
     " ORDER BY o.id LIMIT %(limit)s FOR UPDATE OF o SKIP LOCKED),"
     " mine AS (SELECT p.id, p.okey, p.kind, p.claimed_until FROM fencing_outbox p"
     " WHERE p.okey IN (SELECT okey FROM cand) AND p.sent_at IS NULL AND p.dead_at IS NULL"
@@ -107,8 +128,9 @@ LIST_DEAD: Final = (
 STATS: Final = (
     "SELECT count(*) FILTER (WHERE dead_at IS NULL),"
     f" min(created_at) FILTER (WHERE dead_at IS NULL), {NOW},"
-    " count(*) FILTER (WHERE dead_at IS NOT NULL) FROM fencing_outbox"
-    " WHERE sent_at IS NULL AND (%(kind)s::text IS NULL OR kind = %(kind)s)"
+    " count(*) FILTER (WHERE dead_at IS NOT NULL), (SELECT count(*) FROM fencing_outbox"
+    " WHERE superseded_at IS NOT NULL AND (%(kind)s::text IS NULL OR kind = %(kind)s))"
+    " FROM fencing_outbox WHERE sent_at IS NULL AND (%(kind)s::text IS NULL OR kind = %(kind)s)"
 )
 #: retry / drop: the named rows locked, and changed only if every one is there and dead
 #: (one statement: all or nothing); answers each row found, whether it is dead, and how
@@ -134,6 +156,7 @@ DROP: Final = (
     " AND o.id IN (SELECT id FROM named) RETURNING o.id)"
     " SELECT named.id, named.dead, (SELECT count(*) FROM done) FROM named"
 )
+#: sent rows, and superseded ones (settled then: their ``sent_at`` is when)
 PRUNE: Final = (
     f"DELETE FROM fencing_outbox WHERE sent_at IS NOT NULL AND sent_at < {NOW} - %(age)s::float8"
 )
@@ -152,7 +175,10 @@ class PostgresOutboxFlows:
     def outbox_add(self, message: OutboxMessage) -> Flow[OutboxRow]:
         params: dict[str, object] = dict(zip(STORED_COLUMNS, message.stored(), strict=True))
         params["wake"] = wake_prefix(self.schema)
-        found: Answer = yield Query(ADD, params)
+        if message.supersede:
+            params["debounce"] = message.debounce
+            params["max_wait"] = message.max_wait
+        found: Answer = yield Query(ADD_DUE if message.supersede else ADD, params)
         return outbox_row(found.rows[0])
 
     def outbox_claim(self, relay: str, kind: str, limit: int, ttl: float) -> Flow[OutboxClaim]:
@@ -214,9 +240,9 @@ class PostgresOutboxFlows:
 
     def outbox_stats(self, kind: str | None) -> Flow[OutboxStats]:
         found = yield from read_only(Query(STATS, {"kind": kind}))
-        count, oldest, now, dead = found.rows[0]
+        count, oldest, now, dead, superseded = found.rows[0]
         age = 0.0 if oldest is None else max(0.0, float(now) - float(oldest))
-        return OutboxStats(int(count), age, float(now), int(dead))
+        return OutboxStats(int(count), age, float(now), int(dead), int(superseded))
 
     def outbox_prune(self, older_than: float) -> Flow[int]:
         found = yield from read_only(Query(PRUNE, {"age": float(older_than)}))

@@ -15,6 +15,12 @@ CREATE TABLE IF NOT EXISTS fencing_outbox (
 ALTER TABLE fencing_outbox ADD COLUMN IF NOT EXISTS strikes INTEGER NOT NULL DEFAULT 0,
  ADD COLUMN IF NOT EXISTS dead_at DOUBLE PRECISION;
 
+-- schema version 6: when a newer send superseded the row (then sent_at is the same:
+-- settled, never published), when a debounced row is due, when its burst began
+ALTER TABLE fencing_outbox ADD COLUMN IF NOT EXISTS superseded_at DOUBLE PRECISION,
+ ADD COLUMN IF NOT EXISTS due_at DOUBLE PRECISION,
+ ADD COLUMN IF NOT EXISTS burst_at DOUBLE PRECISION;
+
 CREATE SEQUENCE IF NOT EXISTS fencing_outbox_claim AS BIGINT;
 
 -- a claim's candidates (unsent rows of a queue kind, in id order) and stats
@@ -25,6 +31,10 @@ CREATE INDEX IF NOT EXISTS fencing_outbox_unsent ON fencing_outbox (kind, id)
 CREATE INDEX IF NOT EXISTS fencing_outbox_key ON fencing_outbox (okey, id)
  WHERE sent_at IS NULL;
 
--- pruning sent rows
+-- counting superseded rows (stats), never through the sent history
+CREATE INDEX IF NOT EXISTS fencing_outbox_superseded ON fencing_outbox (kind)
+ WHERE superseded_at IS NOT NULL;
+
+-- pruning sent (and superseded) rows
 CREATE INDEX IF NOT EXISTS fencing_outbox_sent ON fencing_outbox (sent_at)
  WHERE sent_at IS NOT NULL;

@@ -17,8 +17,9 @@ __all__ = ["SCHEMA_VERSION", "TABLES", "check", "drop_ddl", "install_ddl", "migr
 # 2: fencing_effects (1 -> 2 only added a table and its indexes);
 # 3: an applied intent is keyed by (scope, intent_id, key): an id names work on one key;
 # 4: the outbox (``outbox.sql``: 3 -> 4 only adds a table, a sequence and indexes);
-# 5: the outbox's dead rows (``outbox.sql``: 4 -> 5 adds two columns, IF NOT EXISTS)
-SCHEMA_VERSION: Final = 5
+# 5: the outbox's dead rows (``outbox.sql``: 4 -> 5 adds two columns, IF NOT EXISTS);
+# 6: superseded and debounced rows (``outbox.sql``: three columns and an index)
+SCHEMA_VERSION: Final = 6
 
 
 def _statements(name: str) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from ..._outbox import (
     OutboxRow,
     OutboxStats,
     check_dead,
+    due_times,
     outbox_row,
 )
 from .steps import txn
@@ -28,14 +29,28 @@ ADD: Final = (
     "INSERT INTO fencing_outbox (kind, task, queue, payload, options, okey, created_at)"
     f" VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING {_COLUMNS}"
 )
+ADD_DUE: Final = (
+    "INSERT INTO fencing_outbox (kind, task, queue, payload, options, okey, created_at,"
+    f" due_at, burst_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_COLUMNS}"
+)
+#: the rows a superseding send settles: the key's, kind's and task's waiting rows under
+#: no live claim (a claimed row is on its way); answers when their burst began
+SUPERSEDE: Final = (
+    "UPDATE fencing_outbox SET sent_at = ?1, superseded_at = ?1, claim_token = NULL,"
+    " claimed_by = NULL, claimed_until = NULL WHERE okey = ?2 AND kind = ?3 AND task = ?4"
+    " AND sent_at IS NULL AND dead_at IS NULL AND (claimed_until IS NULL OR claimed_until <= ?1)"
+    " RETURNING coalesce(burst_at, created_at)"
+)
 NEW_CLAIM: Final = "INSERT INTO fencing_outbox_claims (relay, claimed_at) VALUES (?, ?)"
 #: pending rows of a kind, in id order, whose key has no pending row under a live claim
-#: (a dead row is never claimed, and its claim ended when it died)
+#: nor, up to the row, a pending row not yet due (a debounced send) (a dead row is
+#: never claimed, and its claim ended when it died; a superseded one is settled)
 CLAIMABLE: Final = (
-    "SELECT o.id FROM fencing_outbox AS o WHERE o.sent_at IS NULL AND o.kind = ?"
+    "SELECT o.id FROM fencing_outbox AS o WHERE o.sent_at IS NULL AND o.kind = ?1"
     " AND o.dead_at IS NULL AND NOT EXISTS (SELECT 1 FROM fencing_outbox AS p"
-    " WHERE p.okey = o.okey AND p.sent_at IS NULL AND p.claimed_until > ?)"
-    " ORDER BY o.id LIMIT ?"
+    " WHERE p.okey = o.okey AND p.sent_at IS NULL AND (p.claimed_until > ?2"
+    " OR (p.due_at > ?2 AND p.id <= o.id AND p.dead_at IS NULL)))"
+    " ORDER BY o.id LIMIT ?3"
 )
 _ONE_OF: Final = "id IN (SELECT value FROM json_each(?))"
 TAKE: Final = (
@@ -63,8 +78,10 @@ LIST_DEAD: Final = (
 )
 STATS: Final = (
     "SELECT COUNT(*) FILTER (WHERE dead_at IS NULL),"
-    " MIN(created_at) FILTER (WHERE dead_at IS NULL), COUNT(*) FILTER (WHERE dead_at IS NOT NULL)"
-    " FROM fencing_outbox WHERE sent_at IS NULL AND (? IS NULL OR kind = ?)"
+    " MIN(created_at) FILTER (WHERE dead_at IS NULL), COUNT(*) FILTER (WHERE dead_at IS NOT NULL),"
+    " (SELECT COUNT(*) FROM fencing_outbox WHERE superseded_at IS NOT NULL"
+    " AND (?1 IS NULL OR kind = ?1))"
+    " FROM fencing_outbox WHERE sent_at IS NULL AND (?1 IS NULL OR kind = ?1)"
 )
 FIND: Final = (
     f"SELECT id, dead_at IS NOT NULL AND sent_at IS NULL FROM fencing_outbox WHERE {_ONE_OF}"
@@ -73,6 +90,7 @@ RETRY: Final = (
     f"UPDATE fencing_outbox SET attempts = 0, strikes = 0, dead_at = NULL WHERE {_ONE_OF}"
 )
 DROP: Final = f"DELETE FROM fencing_outbox WHERE {_ONE_OF}"
+#: sent rows, and superseded ones (settled then: their ``sent_at`` is when)
 PRUNE: Final = "DELETE FROM fencing_outbox WHERE sent_at IS NOT NULL AND sent_at < ?"
 PRUNE_CLAIMS: Final = "DELETE FROM fencing_outbox_claims WHERE claimed_at < ?"
 
@@ -90,7 +108,12 @@ class SQLiteOutboxFlows:
         args = message.stored()
 
         def body(conn: sqlite3.Connection, now: float) -> OutboxRow:
-            return outbox_row(conn.execute(ADD, (*args, now)).fetchone())
+            if not message.supersede:
+                return outbox_row(conn.execute(ADD, (*args, now)).fetchone())
+            which = (now, message.key, message.kind, message.task)
+            began = [float(b) for (b,) in conn.execute(SUPERSEDE, which)]
+            due, burst = due_times(message, now, min(began, default=None))
+            return outbox_row(conn.execute(ADD_DUE, (*args, now, due, burst)).fetchone())
 
         return txn(body)
 
@@ -153,9 +176,9 @@ class SQLiteOutboxFlows:
 
     def outbox_stats(self, kind: str | None) -> Flow[OutboxStats]:
         def body(conn: sqlite3.Connection, now: float) -> OutboxStats:
-            count, oldest, dead = conn.execute(STATS, (kind, kind)).fetchone()
+            count, oldest, dead, superseded = conn.execute(STATS, (kind,)).fetchone()
             age = 0.0 if oldest is None else max(0.0, now - float(oldest))
-            return OutboxStats(int(count), age, now, int(dead))
+            return OutboxStats(int(count), age, now, int(dead), int(superseded))
 
         return txn(body, write=False)
 

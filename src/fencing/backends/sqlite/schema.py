@@ -11,8 +11,9 @@ from ..._errors import SchemaError, StoreNotMigrated
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "check", "drop_ddl", "install_ddl", "migrate", "upgrade_ddl"]
 
-# 2: effects; 3: applied intents by (scope, id, key); 4: outbox; 5: the outbox's dead rows
-SCHEMA_VERSION: Final = 5
+# 2: effects; 3: applied intents by (scope, id, key); 4: outbox; 5: the outbox's dead rows;
+# 6: the outbox's superseded and debounced rows
+SCHEMA_VERSION: Final = 6
 
 # 2 -> 3: rebuild fencing_applied with (scope, intent_id, key) as its primary key
 _APPLIED_BY_KEY: Final = (
@@ -28,6 +29,18 @@ _APPLIED_BY_KEY: Final = (
 _DEAD_ROWS: Final = (
     "ALTER TABLE fencing_outbox ADD COLUMN strikes INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE fencing_outbox ADD COLUMN dead_at REAL",
+)
+# 5 -> 6: when a row was superseded, when it is due (debounce), when its burst began
+_SUPERSEDED_ROWS: Final = (
+    "ALTER TABLE fencing_outbox ADD COLUMN superseded_at REAL",
+    "ALTER TABLE fencing_outbox ADD COLUMN due_at REAL",
+    "ALTER TABLE fencing_outbox ADD COLUMN burst_at REAL",
+)
+#: made after the upgrade (its column is new in version 6): the stats count superseded
+#: rows from it, never from the sent history
+_SUPERSEDED_INDEX: Final = (
+    "CREATE INDEX IF NOT EXISTS fencing_outbox_superseded ON fencing_outbox (kind)"
+    " WHERE superseded_at IS NOT NULL"
 )
 _OUTBOX_COLUMNS: Final = "SELECT name FROM pragma_table_info('fencing_outbox')"
 
@@ -78,20 +91,27 @@ def migrate(conn: sqlite3.Connection, now: float) -> None:
         if row[0] < 3:  # 2 -> 3: the applied intents' key joins their primary key
             for statement in _APPLIED_BY_KEY:
                 conn.execute(statement)
+        columns = {name for (name,) in conn.execute(_OUTBOX_COLUMNS)}
         # 4 -> 5: a version 4 outbox gains its columns (one made above has them)
-        if "dead_at" not in {name for (name,) in conn.execute(_OUTBOX_COLUMNS)}:
+        if "dead_at" not in columns:
             for statement in _DEAD_ROWS:
+                conn.execute(statement)
+        # 5 -> 6: likewise, an outbox of version 4 or 5
+        if "superseded_at" not in columns:
+            for statement in _SUPERSEDED_ROWS:
                 conn.execute(statement)
         conn.execute(
             "UPDATE fencing_schema SET version = ? WHERE component = 'core'", (SCHEMA_VERSION,)
         )
+    conn.execute(_SUPERSEDED_INDEX)
 
 
 def upgrade_ddl(stored: int | None) -> tuple[str, ...]:
     """The static DDL of ``migrate`` on a file whose fencing schema is known to be at
     version ``stored`` (None: no fencing tables), for an offline migration to write
     out: the statements ``migrate`` runs, each step as it decides it there (an outbox
-    lacks its dead rows' columns at version 4 only: one made now has them)."""
+    lacks its dead rows' columns at version 4 only, its superseded rows' at 4 and 5:
+    one made now has them)."""
     texts = [" ".join(line.split("--")[0] for line in s.splitlines()).strip() for s in _DDL]
     texts = [" ".join(t.split()) for t in texts]
     version = str(SCHEMA_VERSION)
@@ -102,7 +122,10 @@ def upgrade_ddl(stored: int | None) -> tuple[str, ...]:
             texts += _APPLIED_BY_KEY
         if stored == 4:
             texts += _DEAD_ROWS
+        if stored in (4, 5):
+            texts += _SUPERSEDED_ROWS
         texts.append(f"UPDATE fencing_schema SET version = {version} WHERE component = 'core'")
+    texts.append(_SUPERSEDED_INDEX)
     return tuple(texts)
 
 

@@ -72,7 +72,10 @@ CREATE TABLE IF NOT EXISTS fencing_outbox (
     claimed_until REAL,
     sent_at REAL,
     strikes INTEGER NOT NULL DEFAULT 0,
-    dead_at REAL
+    dead_at REAL,
+    superseded_at REAL,
+    due_at REAL,
+    burst_at REAL
 );
 CREATE INDEX IF NOT EXISTS fencing_outbox_unsent ON fencing_outbox (kind, id)
     WHERE sent_at IS NULL;
