@@ -20,6 +20,7 @@ from fencing import InvalidInput, OutboxRowNotDead, UnknownOutboxRow
 
 from ._backends import named_case_url
 from .test_migrate_applied import _current, _runner
+from .test_outbox_supersede import _BEFORE_SUPERSEDED
 from .test_outbox import OUTBOX_STORES, TASK, _records
 
 pytestmark = pytest.mark.backends(only=lambda name: name in OUTBOX_STORES)
@@ -108,14 +109,20 @@ def test_retry_and_drop_take_every_row_or_none(store: Any) -> None:
 
 
 # -- schema 4 -> 5 (MySQL: 4 or 5 -> 6) ---------------------------------------------------
-# the outbox as schema version 4 made it, from the table this fencing made
+# the outbox as schema version 4 made it, from the table this fencing made (first as
+# the version before superseded rows had it)
 _V4 = {
     "sqlite-file": (
+        *_BEFORE_SUPERSEDED["sqlite-file"],
         "ALTER TABLE fencing_outbox DROP COLUMN strikes",
         "ALTER TABLE fencing_outbox DROP COLUMN dead_at",
     ),
-    "postgresql": ("ALTER TABLE fencing_outbox DROP COLUMN strikes, DROP COLUMN dead_at",),
+    "postgresql": (
+        *_BEFORE_SUPERSEDED["postgresql"],
+        "ALTER TABLE fencing_outbox DROP COLUMN strikes, DROP COLUMN dead_at",
+    ),
     "mysql": (
+        *_BEFORE_SUPERSEDED["mysql"],
         "ALTER TABLE fencing_outbox DROP KEY fencing_outbox_dead,"
         " MODIFY unsent_kind VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin"
         " GENERATED ALWAYS AS (IF(sent_at IS NULL, kind, NULL)) STORED,"
@@ -161,8 +168,8 @@ def test_an_outbox_before_dead_rows_gains_them_on_migrate(
     with fencing.open(url) as store:  # opening migrates
         store.migrate()  # and again: nothing more to do
         assert run("SELECT version FROM fencing_schema") == [(_current(name),)]
-        assert _current(name) == (6 if name == "mysql" else 5)
-        assert run(columns)[0][0] == before + 2
+        assert _current(name) == (7 if name == "mysql" else 6)
+        assert run(columns)[0][0] == before + 2 + 3  # and the superseded rows' three
         (kept, later) = store.outbox.pending()
         assert (kept.id, kept.strikes, kept.dead_at, kept.payload) == (
             first.id,

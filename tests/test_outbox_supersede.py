@@ -9,12 +9,18 @@ holds back only its own key. (The relay end to end: tests/contrib/test_relay_sup
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import fencing
 from fencing import InvalidInput, OutboxMessage
+
+from ._backends import named_case_url
+from .test_migrate_applied import _current, _runner
 
 OUTBOX_STORES = {"memory", "sqlite-memory", "sqlite-file", "postgresql", "mysql"}
 pytestmark = pytest.mark.backends(only=lambda name: name in OUTBOX_STORES)
@@ -136,3 +142,59 @@ def test_settings_are_checked_before_anything_is_written(store: Any) -> None:
         with pytest.raises(InvalidInput):
             store.outbox.send(SHIP, a, "ship", **bad)
     assert store.outbox.stats().pending == 1 and store.outbox.stats().superseded == 0
+
+
+# -- schema 5 -> 6 (MySQL/MariaDB: 6 -> 7) ------------------------------------------------
+# the outbox as the version before superseded rows made it, from the table this fencing
+# made (MySQL/MariaDB: dropping due_at takes it out of fencing_outbox_key too)
+_BEFORE_SUPERSEDED = {
+    "sqlite-file": (
+        "DROP INDEX fencing_outbox_superseded",
+        "ALTER TABLE fencing_outbox DROP COLUMN superseded_at",
+        "ALTER TABLE fencing_outbox DROP COLUMN due_at",
+        "ALTER TABLE fencing_outbox DROP COLUMN burst_at",
+    ),
+    "postgresql": (
+        "ALTER TABLE fencing_outbox DROP COLUMN superseded_at, DROP COLUMN due_at,"
+        " DROP COLUMN burst_at",
+    ),
+    "mysql": (
+        "ALTER TABLE fencing_outbox DROP KEY fencing_outbox_superseded,"
+        " DROP COLUMN superseded_at, DROP COLUMN due_at, DROP COLUMN burst_at",
+    ),
+}
+_PREVIOUS = {"sqlite-file": 5, "postgresql": 5, "mysql": 6}
+
+
+@pytest.fixture(params=sorted(_PREVIOUS))
+def old_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    for found in named_case_url(SimpleNamespace(param=request.param), tmp_path):
+        yield found
+
+
+def test_an_outbox_before_superseded_rows_gains_them_on_migrate(old_url: tuple[str, str]) -> None:
+    name, url = old_url
+    with fencing.open(url) as old:
+        a, b = _records(old, "a", "b")
+        first = old.outbox.send(SHIP, a, "ship")  # rows the old schema will hold
+        other = old.outbox.send(SHIP, b, "ship")
+        run = _runner(name, old, url)
+        for statement in _BEFORE_SUPERSEDED[name]:
+            run(statement)
+        run(f"UPDATE fencing_schema SET version = {_PREVIOUS[name]}")
+    with pytest.raises(fencing.StoreNotMigrated):
+        fencing.open(url, migrate="check").close()
+    with fencing.open(url) as store:  # opening migrates
+        store.migrate()  # and again: nothing more to do
+        assert run("SELECT version FROM fencing_schema") == [(_current(name),)]
+        assert _current(name) == _PREVIOUS[name] + 1
+        kept = store.outbox.pending()[0]
+        assert (kept.id, kept.superseded_at, kept.due_at, kept.burst_at) == (
+            first.id,
+            None,
+            None,
+            None,
+        )
+        newer = store.outbox.send(SHIP, a, "ship", supersede=True)
+        assert store.outbox.stats().superseded == 1
+        assert _drain(store) == [other.id, newer.id]

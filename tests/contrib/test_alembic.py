@@ -583,6 +583,33 @@ def test_offline_upgrade_from_a_known_version(site: Site, tmp_path: Path) -> Non
         pass
 
 
+def test_offline_upgrade_from_the_version_before_superseded_rows(
+    site: Site, tmp_path: Path
+) -> None:
+    """A database at the schema before superseded rows (5; MySQL/MariaDB: 6): the script
+    of upgrade_fencing(op, offline_from=that) brings it to this version."""
+    from ..test_outbox_supersede import _BEFORE_SUPERSEDED, _PREVIOUS
+
+    name = {"sqlite": "sqlite-file"}.get(site.name, site.name)
+    env = Environment(site, tmp_path / "migrations")
+    command.upgrade(env.config, "head")
+    previous = _PREVIOUS[name]
+    site.run_in_fencing_schema(
+        *_BEFORE_SUPERSEDED[name], f"UPDATE fencing_schema SET version = {previous}"
+    )
+    schema = f", schema={site.schema!r}" if site.schema else ""
+    env.add("0002", "0001", f"    upgrade_fencing(op, offline_from={previous}{schema})", "    pass")
+    _run_script(site, _sql(env, "0001:0002"))
+    current = _current_schema(site.name)
+    assert site.run_in_fencing_schema("SELECT version FROM fencing_schema") == [[(current,)]]
+    (found,) = site.run_in_fencing_schema(
+        "SELECT superseded_at, due_at, burst_at FROM fencing_outbox"
+    )
+    assert found == []  # the columns are there
+    with fencing.open(site.fencing_url, migrate="check"):
+        pass
+
+
 # -- the hooks and the refusals, without a server ------------------------------------------
 def test_hooks_leave_out_fencing_tables_in_any_schema_and_compose() -> None:
     metadata = sqlalchemy.MetaData()
