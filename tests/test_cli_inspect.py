@@ -261,7 +261,12 @@ def test_stats_cli_on_every_shared_store(
     if shared_backend_name.startswith("redis"):
         assert shown["outbox"] is None  # Redis has no outbox table
     else:
-        assert shown["outbox"] == {"pending": 0, "oldest_age": 0.0, "dead": 0}
+        assert shown["outbox"] == {
+            "pending": 0,
+            "oldest_age": 0.0,
+            "dead": 0,
+            "superseded": 0,
+        }
     assert main(["stats", url, "--json"]) == 0
     assert _json(capsys) == shown | {"collections": shown["collections"]}
 

@@ -20,8 +20,8 @@ from fencing import InvalidInput, OutboxRowNotDead, UnknownOutboxRow
 
 from ._backends import named_case_url
 from .test_migrate_applied import _current, _runner
-from .test_outbox_supersede import _BEFORE_SUPERSEDED
 from .test_outbox import OUTBOX_STORES, TASK, _records
+from .test_outbox_supersede import _BEFORE_SUPERSEDED
 
 pytestmark = pytest.mark.backends(only=lambda name: name in OUTBOX_STORES)
 

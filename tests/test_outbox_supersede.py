@@ -168,8 +168,7 @@ _PREVIOUS = {"sqlite-file": 5, "postgresql": 5, "mysql": 6}
 
 @pytest.fixture(params=sorted(_PREVIOUS))
 def old_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    for found in named_case_url(SimpleNamespace(param=request.param), tmp_path):
-        yield found
+    yield from named_case_url(SimpleNamespace(param=request.param), tmp_path)
 
 
 def test_an_outbox_before_superseded_rows_gains_them_on_migrate(old_url: tuple[str, str]) -> None:

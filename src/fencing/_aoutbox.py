@@ -77,7 +77,9 @@ class AsyncOutbox:
         first send of the burst it superseded, whichever is sooner (the store's clock);
         it implies ``supersede``. Left out, the task's own setting applies
         (``fenced_task(..., supersede=True, debounce=S)``)."""
-        message = message_from(task, what, transition, guard, options, supersede, debounce, max_wait)
+        message = message_from(
+            task, what, transition, guard, options, supersede, debounce, max_wait
+        )
         return await self._store._live().outbox_add(message)
 
     async def pending(self, *, kind: str | None = None, limit: int = 100) -> list[OutboxRow]:

@@ -43,6 +43,7 @@ def stats(store: Store) -> dict[str, Any]:
             "pending": backlog.pending,
             "oldest_age": round(backlog.oldest_age, 3),
             "dead": backlog.dead,
+            "superseded": backlog.superseded,
         }
     return {
         "store": store.backend.scheme,
@@ -117,7 +118,7 @@ def _table(shown: dict[str, Any]) -> bool:
         "no outbox on this store"
         if outbox is None
         else f"outbox: {outbox['pending']} pending, oldest {outbox['oldest_age']:g} s,"
-        f" {outbox['dead']} dead"
+        f" {outbox['dead']} dead, {outbox['superseded']} superseded"
     )
     console.print(f"leases held: {shown['leases_held']} in all; {backlog}")
     return True

@@ -438,6 +438,4 @@ def message_from(
         supersede, debounce, max_wait = getattr(spec, "outbox_supersede", (None, None, None))
     message = build(task, what, transition, guard=guard, options=dict(options))
     flags = check_supersede(supersede, debounce, max_wait)
-    return check_message(
-        replace(message, supersede=flags[0], debounce=flags[1], max_wait=flags[2])
-    )
+    return check_message(replace(message, supersede=flags[0], debounce=flags[1], max_wait=flags[2]))

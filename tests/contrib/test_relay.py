@@ -433,7 +433,12 @@ def test_outbox_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         assert "4 pending outbox row(s)" in capsys.readouterr().out
         Relay(store, Recorder()).run_once()
         assert main(["outbox", url, "--json"]) == 0
-        assert json.loads(capsys.readouterr().out) == {"dead": 0, "oldest_age": 0.0, "pending": 0}
+        assert json.loads(capsys.readouterr().out) == {
+            "dead": 0,
+            "oldest_age": 0.0,
+            "pending": 0,
+            "superseded": 0,
+        }
 
 
 # -- fencing relay ---------------------------------------------------------------------------

@@ -230,7 +230,12 @@ def test_outbox_command_lists_retries_and_drops_dead_rows(
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [x["id"] for x in lines[:-1]] == [r.id for r in poison]
     assert lines[0]["payload"] == poison[0].payload and lines[0]["strikes"] == 1
-    assert lines[-1] == {"dead": 2, "oldest_age": lines[-1]["oldest_age"], "pending": 1}
+    assert lines[-1] == {
+        "dead": 2,
+        "oldest_age": lines[-1]["oldest_age"],
+        "pending": 1,
+        "superseded": 0,
+    }
 
     # every id or none: an unknown one, or a row that is not dead, changes nothing
     assert main(["outbox", store_url, "--retry", str(poison[0].id), "999999"]) == 2

@@ -91,6 +91,7 @@ def _row_dict(row: OutboxRow, now: float) -> dict[str, object]:
         "claimed_for": None
         if row.claimed_until is None
         else round(max(0.0, row.claimed_until - now), 3),
+        "due_in": None if row.due_at is None else round(max(0.0, row.due_at - now), 3),
     }
 
 
@@ -128,11 +129,12 @@ def run(args: argparse.Namespace) -> int:
         for row in rows:
             print(json.dumps(_row_dict(row, now), sort_keys=True))
         totals = {"pending": stats.pending, "oldest_age": round(stats.oldest_age, 3)}
-        print(json.dumps({**totals, "dead": stats.dead}, sort_keys=True))
+        counts = {"dead": stats.dead, "superseded": stats.superseded}
+        print(json.dumps({**totals, **counts}, sort_keys=True))
     elif args.dead:
         _show_dead(rows, now, stats.dead)
     else:
-        _show(rows, now, stats.pending, stats.oldest_age, stats.dead)
+        _show(rows, now, stats.pending, stats.oldest_age, stats.dead, stats.superseded)
     failed = 0
     if late:
         print(
@@ -196,9 +198,13 @@ def _show_dead(rows: list[OutboxRow], now: float, dead: int) -> None:
         print(f"(showing the oldest {len(rows)}; --limit N for more)", file=sys.stderr)
 
 
-def _show(rows: list[OutboxRow], now: float, pending: int, oldest: float, dead: int) -> None:
+def _show(
+    rows: list[OutboxRow], now: float, pending: int, oldest: float, dead: int, superseded: int
+) -> None:
     if dead:
         print(f"{dead} dead outbox row(s): `--dead` lists them", file=sys.stderr)
+    if superseded:
+        print(f"{superseded} superseded outbox row(s) (never published; pruned like sent ones)")
     if not rows:
         print("no pending outbox row")
         return

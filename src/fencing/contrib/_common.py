@@ -55,7 +55,7 @@ from typing import Any, Final, cast
 
 from .._astore import AsyncLease, AsyncStore
 from .._errors import ConfigurationError, InvalidInput, InvalidIntent, LeaseExpired
-from .._outbox import OutboxMessage, OutboxRow, check_message
+from .._outbox import OutboxMessage, OutboxRow, check_message, check_supersede
 from .._policy import Drop, StalePolicy, check_policy
 from .._signing import Signer
 from .._store import Lease, Store
@@ -174,6 +174,7 @@ class FencedTask:
         "on_outcome",
         "on_stale",
         "outbox_route",
+        "outbox_supersede",
         "retry_on",
         "signer",
         "then",
@@ -195,6 +196,9 @@ class FencedTask:
         on_outcome: OutcomeHook | None = None,
         transaction: TransactionSource | None = None,
         then: Callable[[Step], Any] | None = None,
+        supersede: bool | None = None,
+        debounce: float | None = None,
+        max_wait: float | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("a fenced task needs a non-empty name")
@@ -237,6 +241,10 @@ class FencedTask:
             check_joinable(resolved)
         #: set by the queue integration (``fenced_task``, ``fenced_job``, ...)
         self.outbox_route: OutboxRoute | None = None
+        try:  # the default of an outbox.send that says none (``_outbox.message_from``)
+            self.outbox_supersede = check_supersede(supersede, debounce, max_wait)
+        except InvalidInput as exc:
+            raise ConfigurationError(str(exc)) from None
 
     def __repr__(self) -> str:
         return f"<FencedTask {self.name!r}>"

@@ -120,6 +120,9 @@ def fenced_function(
     on_outcome: OutcomeHook | None = None,
     transaction: TransactionSource | None = None,
     then: Callable[[Step], Any] | None = None,
+    supersede: bool | None = None,
+    debounce: float | None = None,
+    max_wait: float | None = None,
     timeout: float | None = None,
     keep_result: float | None = None,
 ) -> Callable[[Decision], FencedFunction]:
@@ -146,6 +149,9 @@ def fenced_function(
             on_outcome=on_outcome,
             transaction=transaction,
             then=then,
+            supersede=supersede,
+            debounce=debounce,
+            max_wait=max_wait,
         )
 
         async def job(ctx: dict[str, Any], payload: str) -> dict[str, Any]:

@@ -257,6 +257,9 @@ def fenced_task(
     on_outcome: OutcomeHook | None = None,
     transaction: TransactionSource | None = None,
     then: Callable[[Step], Any] | None = None,
+    supersede: bool | None = None,
+    debounce: float | None = None,
+    max_wait: float | None = None,
     name: str | None = None,
     **celery_task_options: Any,
 ) -> Callable[[Decision], FencedCeleryTask]:
@@ -266,6 +269,8 @@ def fenced_task(
     (called once per worker process, after fork). ``celery_task_options`` go to
     ``app.task`` (``queue``, ``acks_late``, ``time_limit``, ...). The task takes one
     argument, the payload; send it with ``task.enqueue(record, "transition")``.
+    ``supersede``, ``debounce``, ``max_wait``: what ``store.outbox.send`` does for this
+    task when the send says none of them (docs/outbox.md, "Superseded and debounced").
     """
 
     def decorate(decide: Decision) -> FencedCeleryTask:
@@ -283,6 +288,9 @@ def fenced_task(
             on_outcome=on_outcome,
             transaction=transaction,
             then=then,
+            supersede=supersede,
+            debounce=debounce,
+            max_wait=max_wait,
         )
         spec.outbox_route = _outbox_route
         run = _body(spec)

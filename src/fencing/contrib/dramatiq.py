@@ -139,6 +139,9 @@ def fenced_actor(
     on_outcome: OutcomeHook | None = None,
     transaction: TransactionSource | None = None,
     then: Callable[[Step], Any] | None = None,
+    supersede: bool | None = None,
+    debounce: float | None = None,
+    max_wait: float | None = None,
     **actor_options: Any,
 ) -> Callable[[Decision], FencedActor]:
     """Decorate ``decide(record) -> new state | SKIP`` into a fenced Dramatiq actor.
@@ -170,6 +173,9 @@ def fenced_actor(
             on_outcome=on_outcome,
             transaction=transaction,
             then=then,
+            supersede=supersede,
+            debounce=debounce,
+            max_wait=max_wait,
         )
 
         def run(payload: str) -> dict[str, Any]:

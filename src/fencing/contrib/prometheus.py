@@ -186,6 +186,12 @@ class _StoreGauges:
             "Outbox rows a relay gave up as dead (poison rows: alert on any)",
             labels=["store"],
         )
+        superseded = GaugeMetricFamily(
+            "fencing_outbox_superseded",
+            "Outbox rows a newer send of their key and task superseded (never published),"
+            " until pruned like sent rows",
+            labels=["store"],
+        )
         try:
             effects.add_metric([self.label], len(self.store.effects_to_reconcile(limit=self.limit)))
             yield effects
@@ -198,9 +204,11 @@ class _StoreGauges:
         pending.add_metric([self.label], stats.pending)
         age.add_metric([self.label], stats.oldest_age)
         dead.add_metric([self.label], stats.dead)
+        superseded.add_metric([self.label], stats.superseded)
         yield pending
         yield age
         yield dead
+        yield superseded
 
 
 def watch(

@@ -130,6 +130,9 @@ def fenced_job(
     on_outcome: OutcomeHook | None = None,
     transaction: TransactionSource | None = None,
     then: Callable[[Step], Any] | None = None,
+    supersede: bool | None = None,
+    debounce: float | None = None,
+    max_wait: float | None = None,
     name: str | None = None,
 ) -> Callable[[Decision], FencedJob]:
     """Decorate ``decide(record) -> new state | SKIP`` into a fenced RQ job function.
@@ -154,6 +157,9 @@ def fenced_job(
             on_outcome=on_outcome,
             transaction=transaction,
             then=then,
+            supersede=supersede,
+            debounce=debounce,
+            max_wait=max_wait,
         )
 
         def job(payload: str) -> dict[str, Any] | Retry:
