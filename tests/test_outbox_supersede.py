@@ -8,6 +8,7 @@ holds back only its own key. (The relay end to end: tests/contrib/test_relay_sup
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import fencing
 from fencing import InvalidInput, OutboxMessage
 
 from ._backends import named_case_url
+from ._lenders import LENDERS
 from .test_migrate_applied import _current, _runner
 
 OUTBOX_STORES = {"memory", "sqlite-memory", "sqlite-file", "postgresql", "mysql"}
@@ -136,12 +138,151 @@ def test_settings_are_checked_before_anything_is_written(store: Any) -> None:
         {"debounce": -1},
         {"debounce": float("nan")},
         {"debounce": True},
-        {"debounce": 5, "max_wait": 1},
         {"debounce": 1, "max_wait": 10**9},
     ):
         with pytest.raises(InvalidInput):
             store.outbox.send(SHIP, a, "ship", **bad)
     assert store.outbox.stats().pending == 1 and store.outbox.stats().superseded == 0
+
+
+# -- in the caller's transaction ------------------------------------------------------------
+@pytest.mark.backends(only=lambda name: name in LENDERS)
+@pytest.mark.apis(only=["sync"])
+def test_a_superseding_send_rolled_back_changes_nothing(
+    store: Any, store_url: str, backend_name: str
+) -> None:
+    (a,) = _records(store, "a")
+    older = [store.outbox.send(SHIP, a, "ship") for _ in range(2)]
+    conn = LENDERS[backend_name].connect(store_url)
+    try:
+        view = store.using(conn)
+        view.outbox.send(SHIP, a, "ship", supersede=True, debounce=30)
+        conn.rollback()  # rolled back: the older rows are as they were
+        assert [r.id for r in store.outbox.pending()] == [r.id for r in older]
+        assert store.outbox.stats().superseded == 0
+        newer = view.outbox.send(SHIP, a, "ship", supersede=True)
+        assert store.outbox.stats().superseded == 0  # not committed yet
+        conn.commit()
+    finally:
+        conn.close()
+    assert store.outbox.stats().superseded == 2
+    assert _drain(store) == [newer.id]
+
+
+@pytest.mark.backends(only=lambda name: name in LENDERS and LENDERS[name].aconnect is not None)
+@pytest.mark.apis(only=["sync"])
+def test_an_async_superseding_send_in_the_callers_transaction(
+    store_url: str, backend_name: str
+) -> None:
+    lender = LENDERS[backend_name]
+    assert lender.aconnect is not None
+
+    async def main() -> None:
+        store = await fencing.open_async(store_url)
+        a = await store.collection("orders").create("a", {"n": 0})
+        old = await store.outbox.send(SHIP, a, "ship")
+        conn = await lender.aconnect(store_url)
+        try:
+            await store.using(conn).outbox.send(SHIP, a, "ship", supersede=True)
+            await conn.rollback()
+            assert [r.id for r in await store.outbox.pending()] == [old.id]
+            newer = await store.using(conn).outbox.send(SHIP, a, "ship", supersede=True)
+            await conn.commit()
+            assert [r.id for r in await store.outbox.pending()] == [newer.id]
+            assert (await store.outbox.stats()).superseded == 1
+        finally:
+            closing = conn.close()  # aiomysql's close() is not a coroutine
+            if closing is not None:
+                await closing
+            await store.close()
+
+    asyncio.run(main())
+
+
+# -- debounce ---------------------------------------------------------------------------------
+class Clock:
+    """The memory store's clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.backends(only=lambda name: name == "memory")
+@pytest.mark.apis(only=["sync"])
+def test_a_debounced_key_is_published_once_quiet_or_at_max_wait() -> None:
+    clock = Clock()
+    store = fencing.open("memory://", clock=clock)
+    try:
+        a, b = _records(store, "a", "b")
+        first = store.outbox.send(SHIP, a, "ship", debounce=5, max_wait=20)
+        assert (first.due_at, first.burst_at) == (1005.0, 1000.0)
+        plain = store.outbox.send(SHIP, b, "ship")  # another key: not held back
+        clock.now = 1004.9
+        assert _drain(store) == [plain.id]
+        clock.now = 1005.0  # quiet for 5 s: due
+        assert _drain(store) == [first.id]
+        # a burst, a send every 3 s: each pushes the key's row 5 s on, up to 20 s
+        # after the burst's first send
+        sent = []
+        for t in range(0, 19, 3):  # 2000, 2003, ..., 2018
+            clock.now = 2000.0 + t
+            sent.append(store.outbox.send(SHIP, a, "ship", debounce=5, max_wait=20))
+            assert _drain(store) == []
+        assert (sent[-1].due_at, sent[-1].burst_at) == (2020.0, 2000.0)
+        assert [r.id for r in store.outbox.pending()] == [sent[-1].id]
+        clock.now = 2019.99
+        assert _drain(store) == []
+        clock.now = 2020.0  # max_wait: published though the key never went quiet
+        assert _drain(store) == [sent[-1].id]
+        assert store.outbox.stats().superseded == len(sent) - 1
+    finally:
+        store.close()
+
+
+@pytest.mark.backends(only=lambda name: name == "memory")
+@pytest.mark.apis(only=["sync"])
+def test_a_row_not_yet_due_holds_back_its_keys_later_rows_only() -> None:
+    clock = Clock()
+    store = fencing.open("memory://", clock=clock)
+    try:
+        a, b = _records(store, "a", "b")
+        before = store.outbox.send(BILL, a, "bill")  # earlier than the debounced row: goes
+        waiting = store.outbox.send(SHIP, a, "ship", debounce=10)
+        after = store.outbox.send(BILL, a, "bill")  # later: waits behind it, in order
+        other = store.outbox.send(SHIP, b, "ship")
+        assert _drain(store) == [before.id, other.id]
+        clock.now += 10
+        assert _drain(store) == [waiting.id, after.id]
+        assert waiting.due_at == waiting.created_at + 10 and after.due_at is None
+    finally:
+        store.close()
+
+
+@pytest.mark.backends(only=lambda name: name in OUTBOX_STORES - {"memory"})
+def test_debounce_by_the_stores_clock(store: Any) -> None:
+    """On the SQL stores, by their own clock: a row is due ``debounce`` after it was
+    written, capped at ``max_wait`` after the burst's first send; not claimed before, and
+    claimed once due (waited for by claiming, not by sleeping a fixed time)."""
+    a, b = _records(store, "a", "b")
+    first = store.outbox.send(SHIP, a, "ship", debounce=3600, max_wait=7200)
+    assert first.due_at == pytest.approx(first.created_at + 3600)
+    assert first.burst_at == first.created_at
+    other = store.outbox.send(SHIP, b, "ship")
+    assert _drain(store) == [other.id]  # a waits an hour; b does not wait for it
+    second = store.outbox.send(SHIP, a, "ship", debounce=3600, max_wait=0.5)
+    assert second.burst_at == first.created_at  # the burst began with the first send
+    assert second.due_at == pytest.approx(max(second.created_at, first.created_at + 0.5))
+    deadline = time.monotonic() + 30
+    published: list[int] = []
+    while not published:
+        assert time.monotonic() < deadline, "the capped row never became due"
+        published = _drain(store)
+    assert published == [second.id]
+    assert store.outbox.stats().superseded == 1
+    assert store.outbox.stats().pending == 0
 
 
 # -- schema 5 -> 6 (MySQL/MariaDB: 6 -> 7) ------------------------------------------------

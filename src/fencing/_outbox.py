@@ -289,8 +289,6 @@ def check_supersede(
         raise InvalidInput("debounce= supersedes the older rows: not with supersede=False")
     wait = _seconds(debounce, "debounce")
     most = 10 * wait if max_wait is None else _seconds(max_wait, "max_wait")
-    if most < wait:
-        raise InvalidInput("max_wait is at least debounce")
     return True, wait, min(most, MAX_DEBOUNCE)
 
 
