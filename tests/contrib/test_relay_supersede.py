@@ -13,7 +13,6 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +65,8 @@ class Shop:
 
 
 @pytest.fixture
-def shop(store: Any) -> Iterator[Shop]:
-    yield Shop(store)
+def shop(store: Any) -> Shop:
+    return Shop(store)
 
 
 def test_a_burst_of_100_updates_is_one_publish_and_one_worker_run(shop: Shop) -> None:
