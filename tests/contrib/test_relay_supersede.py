@@ -250,3 +250,31 @@ def test_relays_killed_mid_burst_lose_nothing_newer_and_never_go_back(
     assert stats.pending == 0
     assert stats.superseded + len({rid for rid, _ in published}) >= SENDS
     assert stats.superseded > 0 and len(published) < SENDS  # the bursts were bursts
+
+
+# -- what monitoring sees ---------------------------------------------------------------------
+@pytest.mark.backends(only=lambda name: name == "sqlite-file")
+def test_the_outbox_command_stats_and_gauges_count_superseded_rows(
+    shop: Shop, store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from prometheus_client import CollectorRegistry
+
+    from fencing._cli import main
+    from fencing.contrib.prometheus import watch
+
+    order = shop.orders.create("o-1", {"n": 0})
+    rows = [shop.store.outbox.send(shop.ship, order, "ship", debounce=60) for _ in range(3)]
+    assert main(["outbox", store_url, "--json"]) == 0
+    *listed, totals = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["id"] for r in listed] == [rows[-1].id] and 59 <= listed[0]["due_in"] <= 60
+    assert (totals["pending"], totals["superseded"]) == (1, 2)
+    assert main(["outbox", store_url]) == 0
+    assert "2 superseded outbox row(s)" in capsys.readouterr().out
+    assert main(["stats", store_url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["outbox"]["superseded"] == 2
+    registry = CollectorRegistry()
+    watch(shop.store, registry=registry, label="shop")
+    assert registry.get_sample_value("fencing_outbox_superseded", {"store": "shop"}) == 2
+    assert registry.get_sample_value("fencing_outbox_pending", {"store": "shop"}) == 1
