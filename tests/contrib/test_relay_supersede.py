@@ -98,6 +98,23 @@ def test_without_supersede_the_same_burst_is_100_publishes(shop: Shop) -> None:
     assert (outcomes.count("committed"), outcomes.count("stale")) == (1, 99)
 
 
+def test_a_task_default_applies_when_the_send_says_nothing(shop: Shop) -> None:
+    latest = fenced_task(
+        shop.app, target=shop.orders, name="latest", queue=shop.queue, debounce=60
+    )(_bill)
+    order = shop.orders.create("o-1", {"n": 0})
+    first = shop.store.outbox.send(latest, order, "bill")
+    second = shop.store.outbox.send(latest, order, "bill")  # the task's: supersede, debounce
+    assert second.due_at == pytest.approx(second.created_at + 60)
+    assert second.burst_at == first.created_at
+    third = shop.store.outbox.send(latest, order, "bill", supersede=False)  # the send's own
+    assert third.due_at is None and third.burst_at is None
+    assert [r.id for r in shop.store.outbox.pending()] == [second.id, third.id]
+    assert shop.store.outbox.stats().superseded == 1
+    with pytest.raises(fencing.ConfigurationError, match="max_wait"):
+        fenced_task(shop.app, target=shop.orders, name="bad", max_wait=5)(_bill)
+
+
 def test_supersede_mixed_with_plain_sends_keeps_each_keys_order(shop: Shop) -> None:
     """Ship (superseding two sends in three) and bill (plain) rows of four keys, a relay
     draining now and then in between: exactly the rows a model of supersede keeps are
