@@ -66,7 +66,7 @@ def install_ddl() -> tuple[str, ...]:
         "\n".join(line for line in s.splitlines() if not line.lstrip().startswith("--"))
         for s in _DDL
     )
-    return (*(" ".join(s.split()) for s in kept), row)
+    return (*(" ".join(s.split()) for s in kept), row, _SUPERSEDED_INDEX)
 
 
 def drop_ddl() -> tuple[str, ...]:
