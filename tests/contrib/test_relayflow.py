@@ -99,6 +99,38 @@ def test_a_claim_near_its_deadline_publishes_no_more() -> None:
     assert released == [Release(7, (3, 4), LAPSING)]
 
 
+def test_a_claims_age_counts_from_before_it_was_asked_for() -> None:
+    """The store dates a claim's deadline from its own clock when the claim began: a
+    claim whose answer took 8.5 s to come back (a loaded host, a slow commit; ``ttl=10``,
+    ``claim_margin=0.8``) publishes nothing and gives its rows back, since another
+    relay may take them 1.5 s later (counted from the answer, the relay would publish
+    for 8 s more, past the deadline, beside that relay: a key's older row after its newer
+    one)."""
+    cfg = RelayConfig("r", "celery", ttl=10.0, claim_margin=0.8)
+    rows = (row(1, "a"), row(2, "a"))
+    clock = [100.0]
+    published: list[int] = []
+    released: list[Release] = []
+
+    def answer(step: Any) -> Any:
+        if isinstance(step, Claim):
+            clock[0] += 8.5  # the claim's round trip
+            return OutboxClaim(7, rows, until=110.0, now=100.0)
+        if isinstance(step, Clock):
+            return clock[0]
+        if isinstance(step, Publish):
+            published.append(step.row.id)
+            return None
+        if isinstance(step, Release):
+            released.append(step)
+            return len(step.ids)
+        raise AssertionError(step)
+
+    counts = drive(batch(cfg, BatchCounts()), answer)
+    assert published == [] and (counts.claimed, counts.held) == (2, 2)
+    assert released == [Release(7, (1, 2), LAPSING)]
+
+
 class Script:
     """Answers ``loop``'s steps: one row per claim, published or failed as ``outcomes``
     says (True: the broker took it); records every ``Wait``; stops when they run out."""

@@ -27,7 +27,7 @@ are given back unsent, so one key's rows go out in the order they were written.
 After ``max_failures`` failures in a row the broker is taken to be down: the rest of
 the batch is given back unattempted, and the loop backs off (bounded, jittered)
 before the next claim. A claim whose deadline is near (``ttl * claim_margin`` of
-the relay's own clock since it claimed) publishes no more: another relay may take
+the relay's own clock since it asked for the claim) publishes no more: another relay may take
 those rows once it lapses, and this one must not send them again beside it.
 
 Poison rows (``dead_after``): a failed publish is a *strike* against its row only if
@@ -332,8 +332,13 @@ def _in_order(rows: tuple[OutboxRow, ...], suspects: set[int]) -> list[OutboxRow
 def batch(cfg: RelayConfig, counts: BatchCounts, suspects: set[int] | None = None) -> Flow:
     """Claim once and publish what was claimed; fills ``counts``; returns it.
     ``suspects``: ids of rows whose publish failed in earlier batches (kept up to date)."""
-    claim: OutboxClaim = yield Claim()
+    # the claim's age counts from before it was asked for: the store dates its deadline
+    # from its own clock when the claim began, and the answer may take long to come
+    # back (a loaded host, a slow commit); counted from the answer, a relay could
+    # publish past the deadline while another relay takes its rows (older rows of a key
+    # published after newer ones)
     started: float = yield Clock()
+    claim: OutboxClaim = yield Claim()
     counts.claimed = len(claim.rows)
     if not claim.rows:
         return counts
