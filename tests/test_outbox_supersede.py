@@ -31,23 +31,24 @@ pytestmark = pytest.mark.backends(only=lambda name: name in OUTBOX_STORES)
 class Spec:
     """A fenced task's outbox message (as ``fencing.contrib`` builds it), by task name."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, kind: str = "celery") -> None:
+        self.name, self.kind = name, kind
 
     def outbox_message(
         self, task: Any, what: Any, transition: Any, *, guard: Any, options: dict[str, Any]
     ) -> OutboxMessage:
         intent = what if isinstance(what, fencing.Intent) else what.intent(transition)
         key = f"{intent.kind}:{intent.collection}:{intent.key}"
-        return OutboxMessage("celery", self.name, intent.to_json(), key, None, options)
+        return OutboxMessage(self.kind, self.name, intent.to_json(), key, None, options)
 
 
 class Task:
-    def __init__(self, name: str) -> None:
-        self.fencing = Spec(name)
+    def __init__(self, name: str, kind: str = "celery") -> None:
+        self.fencing = Spec(name, kind)
 
 
 SHIP, BILL = Task("shop.ship"), Task("shop.bill")
+MAIL = Task("shop.mail", "rq")  # another queue kind: another relay's rows
 
 
 def _records(store: Any, *keys: str) -> list[Any]:
@@ -104,6 +105,44 @@ def test_a_claimed_row_is_published_and_the_newer_one_follows(store: Any) -> Non
     newest = store.outbox.send(SHIP, a, "ship", supersede=True)  # supersedes newer
     assert _drain(store) == [newest.id]
     assert store.outbox.stats().superseded == 1 and newer.id < newest.id
+
+
+def test_an_older_row_of_another_queue_kind_holds_its_key_back(store: Any) -> None:
+    """Per key, a claim takes a row only with every older unsettled row of its key: an
+    older row of another queue kind (another relay's) holds the key's later rows back
+    while it is pending or claimed, and no longer once it is sent or dead; other keys
+    go on."""
+    a, b = _records(store, "a", "b")
+    mail = store.outbox.send(MAIL, a, "mail")
+    ship = store.outbox.send(SHIP, a, "ship")
+    other = store.outbox.send(SHIP, b, "ship")
+    assert _drain(store) == [other.id]  # a's ship waits for a's older mail
+    claim = store.outbox.claim("rq-relay", "rq", ttl=30)
+    assert [r.id for r in claim.rows] == [mail.id]
+    assert _drain(store) == []  # claimed, not settled: still held back
+    assert store.outbox.done(claim, claim.rows) == 1
+    assert _drain(store) == [ship.id]
+    again = store.outbox.send(MAIL, a, "mail")
+    later = store.outbox.send(SHIP, a, "ship")
+    claim = store.outbox.claim("rq-relay", "rq", ttl=30)
+    assert store.outbox.bury(claim, claim.rows, "poison") == 1  # dead: settled
+    assert [r.id for r in store.outbox.dead()] == [again.id]
+    assert _drain(store) == [later.id]
+
+
+def test_a_row_under_a_lapsed_claim_goes_first_with_its_keys_later_rows(store: Any) -> None:
+    """A live claim on a row of a key holds the key; once it lapses (its relay died, or
+    paused), the next claim takes that row again first, then the key's later rows."""
+    (a,) = _records(store, "a")
+    first = store.outbox.send(SHIP, a, "ship")
+    store.outbox.claim("r1", "celery", ttl=0.2)
+    later = store.outbox.send(SHIP, a, "ship")
+    assert store.outbox.claim("r2", "celery", ttl=30).rows == ()  # r1's claim is live
+    deadline = time.monotonic() + 30
+    while not (rows := store.outbox.claim("r2", "celery", ttl=30).rows):
+        assert time.monotonic() < deadline, "the claim never lapsed"
+        time.sleep(0.05)
+    assert [r.id for r in rows] == [first.id, later.id]
 
 
 def test_a_row_whose_claim_lapsed_is_superseded_and_its_claim_marks_nothing(store: Any) -> None:

@@ -9,8 +9,10 @@ answers ``Duplicate``, so the effect is applied once.
 
 Relays *claim* rows before publishing: a claim has a token from a counter that only
 grows, and a deadline (``claimed_until``). Rows are claimed in the order they were
-written, and never a row of a key while another relay's claim on an earlier row of
-that key is live, so the rows of one key are published in order. Marking a row sent,
+written, and a row of a key only with every older unsettled row of that key (unsent,
+not dead): never while another claim on a row of the key is live, nor past an older
+row of another queue kind or one not yet due; so the rows of one key are published
+in order. Marking a row sent,
 or giving it back after a failed publish, names the claim's token: a relay that paused
 past its claim's deadline, whose rows a newer claim took, marks and gives back nothing.
 
@@ -224,14 +226,17 @@ class OutboxStats:
 
 def claimable(rows: Sequence[OutboxRow], kind: str, now: float, limit: int) -> list[OutboxRow]:
     """The rows a claim at ``now`` takes (the rule of ``OutboxFlows.outbox_claim``, for a
-    store that keeps rows in Python): ``rows`` are all rows, in id order."""
+    store that keeps rows in Python): ``rows`` are all rows, in id order. Per key, a row
+    is taken only if no older unsettled row of its key is left out of the claim: none
+    of another queue kind, none not yet due (debounced), and no row of the key under a
+    live claim (dead and superseded rows are settled: they hold nothing back)."""
     live = [r for r in rows if r.sent_at is None and r.dead_at is None]
     held = {r.key for r in live if r.claimed_until is not None and r.claimed_until > now}
     free: list[OutboxRow] = []
-    for r in live:  # in id order: a row not yet due holds back its key's later rows
-        if r.due_at is not None and r.due_at > now:
+    for r in live:  # in id order: a row the claim cannot take holds back its key's later rows
+        if r.kind != kind or (r.due_at is not None and r.due_at > now):
             held.add(r.key)
-        if r.kind == kind and r.key not in held:
+        elif r.key not in held:
             free.append(r)
     return free[:limit]
 
@@ -434,6 +439,6 @@ def message_from(
         )
     if supersede is None and debounce is None and max_wait is None:
         supersede, debounce, max_wait = getattr(spec, "outbox_supersede", (None, None, None))
-    message = build(task, what, transition, guard=guard, options=dict(options))
     flags = check_supersede(supersede, debounce, max_wait)
-    return check_message(replace(message, supersede=flags[0], debounce=flags[1], max_wait=flags[2]))
+    message = check_message(build(task, what, transition, guard=guard, options=dict(options)))
+    return replace(message, supersede=flags[0], debounce=flags[1], max_wait=flags[2])

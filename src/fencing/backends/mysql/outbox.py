@@ -62,14 +62,15 @@ ADD_DUE: Final = (
     " due_at, burst_at) VALUES (%s, %s, %s, %s, %s, %s, @f_now, %s, %s)"
 )
 # "no unsent row of the key is under a live claim, nor up to the candidate a row not yet
-# due (debounced)", as the latest deadline of the key's unsent rows, read from
-# fencing_outbox_key alone, per candidate key: MariaDB turns the same test written NOT
-# EXISTS into a NOT IN over every unsent row (the whole backlog)
+# due (debounced) or of another queue kind (never: 1e300)", as the latest deadline of
+# the key's unsent rows, read from fencing_outbox_key alone, per candidate key: MariaDB
+# turns the same test written NOT EXISTS into a NOT IN over every unsent row (the whole
+# backlog)
 CANDIDATES: Final = (
     "SELECT o.id, o.okey FROM fencing_outbox o WHERE o.unsent_kind = %s"
     " AND COALESCE((SELECT MAX(GREATEST(COALESCE(p.claimed_until, 0),"
-    " IF(p.id <= o.id, COALESCE(p.due_at, 0), 0))) FROM fencing_outbox p"
-    " WHERE p.unsent_key = o.okey), 0) <= @f_now"
+    " IF(p.id <= o.id, IF(p.kind <> o.kind, 1e300, COALESCE(p.due_at, 0)), 0)))"
+    " FROM fencing_outbox p WHERE p.unsent_key = o.okey), 0) <= @f_now"
     " ORDER BY o.id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 NEW_CLAIM: Final = "INSERT INTO fencing_outbox_claims (relay, claimed_at) VALUES (%s, @f_now)"
@@ -171,12 +172,12 @@ class MySQLOutboxFlows:
         cand = [(int(i), str(k)) for i, k in results[cand_at].rows]
         keys = sorted({k for _, k in cand})
         free: set[str] = set()
-        earlier: dict[str, list[int]] = defaultdict(list)  # a key's unsent rows of the kind
+        earlier: dict[str, list[int]] = defaultdict(list)  # a key's unsent rows, any kind
         if keys:
             last = max(i for i, _ in cand)  # a key's later rows do not matter: not locked
             script = Script()
             mine_at = script.add(
-                "SELECT id, okey, kind, claimed_until FROM fencing_outbox"
+                "SELECT id, okey, claimed_until FROM fencing_outbox"
                 f" WHERE unsent_key IN ({_marks(len(keys))}) AND id <= %s FOR UPDATE SKIP LOCKED",
                 *keys,
                 last,
@@ -190,16 +191,15 @@ class MySQLOutboxFlows:
             results = yield script.batch()
             lockable: dict[str, int] = defaultdict(int)
             held: set[str] = set()
-            for rid, key, rkind, until in results[mine_at].rows:
+            for rid, key, until in results[mine_at].rows:
                 lockable[str(key)] += 1
                 if until is not None and float(until) > now:
                     held.add(str(key))
-                if rkind == kind:
-                    earlier[str(key)].append(int(rid))
+                earlier[str(key)].append(int(rid))
             seen = {str(k): int(n) for k, n in results[seen_at].rows}
             free = {k for k in keys if k not in held and seen.get(k) == lockable.get(k)}
         # of a free key, a prefix of its rows: never a candidate past a row left out
-        # (skipped while another claim held it, since released)
+        # (skipped while another claim held it, since released; of another kind)
         taken = {i for i, _ in cand}
         ids = []
         for i, k in cand:

@@ -26,7 +26,8 @@ __all__ = [
 # 4: the outbox (3 -> 4 only added two tables);
 # 5: the outbox's two indexes of unsent rows cover what claims and stats read;
 # 6: the outbox's dead rows (5 -> 6: two columns, the pending columns skip dead rows);
-# 7: superseded and debounced rows (6 -> 7: three columns, due_at in the key's index)
+# 7: superseded and debounced rows (6 -> 7: three columns, due_at and kind in the key's
+#    index)
 SCHEMA_VERSION: Final = 7
 
 
@@ -81,7 +82,7 @@ _SUPERSEDED_ROWS: Final = (
     " ADD COLUMN due_at DOUBLE NULL AFTER superseded_at,"
     " ADD COLUMN burst_at DOUBLE NULL AFTER due_at,"
     " DROP INDEX fencing_outbox_key,"
-    " ADD INDEX fencing_outbox_key (unsent_key, id, claimed_until, due_at),"
+    " ADD INDEX fencing_outbox_key (unsent_key, id, claimed_until, due_at, kind),"
     " ADD KEY fencing_outbox_superseded (superseded_at, kind)"
 )
 

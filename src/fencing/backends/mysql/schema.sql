@@ -73,7 +73,7 @@ CREATE TABLE IF NOT EXISTS fencing_effects (
 -- scan the table instead. Schema version 6 added strikes and dead_at (schema.py's
 -- _DEAD_ROWS upgrades a table of version 4 or 5); schema version 7 added superseded_at,
 -- due_at and burst_at (superseded and debounced rows; a superseded row has sent_at too,
--- so it leaves the pending columns) and due_at to the key's index (_SUPERSEDED_ROWS)
+-- so it leaves the pending columns) and due_at and kind to the key's index (_SUPERSEDED_ROWS)
 CREATE TABLE IF NOT EXISTS fencing_outbox (
   id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
   kind VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
@@ -99,7 +99,7 @@ CREATE TABLE IF NOT EXISTS fencing_outbox (
   unsent_key VARCHAR(512)
   GENERATED ALWAYS AS (IF(sent_at IS NULL AND dead_at IS NULL, okey, NULL)) STORED,
   KEY fencing_outbox_unsent (unsent_kind, id, created_at),
-  KEY fencing_outbox_key (unsent_key, id, claimed_until, due_at),
+  KEY fencing_outbox_key (unsent_key, id, claimed_until, due_at, kind),
   KEY fencing_outbox_sent (sent_at),
   KEY fencing_outbox_dead (dead_at),
   KEY fencing_outbox_superseded (superseded_at, kind)) ENGINE=InnoDB ROW_FORMAT=DYNAMIC DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

@@ -73,20 +73,22 @@ ADD: Final = (
     f" SELECT {_OF_R}, pg_notify('{CHANNEL}', %(wake)s || r.kind)::text FROM r"
 )
 #: Candidates: unsent rows of a kind whose key no committed live claim holds, nor up to
-#: the row a row not yet due (a debounced send; a superseded row is settled), locked
+#: the row a row not yet due (a debounced send) or of another queue kind (dead and
+#: superseded rows are settled), locked
 #: (skipping rows another transaction holds); ``mine``: every unsent row of their keys
 #: up to the last candidate this claim could lock, as they are now (a key's later rows
 #: do not matter, and are not locked: a claim costs its rows, not the key's backlog);
 #: ``seen``: as the snapshot has them. A key is
 #: kept if both agree and no row of it is under a live claim; of a kept key, a candidate
-#: is taken only if every earlier unsent row of its key and kind is a candidate too (a
+#: is taken only if every earlier unsent row of its key (of any kind) is a candidate too (a
 #: row skipped while another claim held it, since released, stays behind with all the
 #: key's later rows: a claim takes a prefix of each key's rows, never a row past a gap).
 CLAIM: Final = (
     "WITH cand AS (SELECT o.id, o.okey FROM fencing_outbox o WHERE o.sent_at IS NULL"
     " AND o.dead_at IS NULL AND o.kind = %(kind)s AND NOT EXISTS (SELECT 1 FROM fencing_outbox p"
-    f" WHERE p.okey = o.okey AND p.sent_at IS NULL AND (p.claimed_until > {NOW}"
-    f" OR (p.due_at > {NOW} AND p.id <= o.id AND p.dead_at IS NULL)))"
+    " WHERE p.okey = o.okey AND p.sent_at IS NULL AND p.dead_at IS NULL"
+    f" AND (p.claimed_until > {NOW} OR (p.id <= o.id AND (p.due_at > {NOW}"
+    " OR p.kind <> %(kind)s))))"
     " ORDER BY o.id LIMIT %(limit)s FOR UPDATE OF o SKIP LOCKED),"
     " mine AS (SELECT p.id, p.okey, p.kind, p.claimed_until FROM fencing_outbox p"
     " WHERE p.okey IN (SELECT okey FROM cand) AND p.sent_at IS NULL AND p.dead_at IS NULL"
@@ -100,7 +102,7 @@ CLAIM: Final = (
     " took AS (UPDATE fencing_outbox o SET claim_token = c.token, claimed_by = %(relay)s,"
     " claimed_until = c.now + %(ttl)s::float8 FROM c WHERE o.id IN (SELECT cand.id"
     " FROM cand JOIN free USING (okey) WHERE NOT EXISTS (SELECT 1 FROM mine m"
-    " WHERE m.okey = cand.okey AND m.kind = %(kind)s AND m.id < cand.id"
+    " WHERE m.okey = cand.okey AND m.id < cand.id"
     f" AND m.id NOT IN (SELECT id FROM cand))) RETURNING {_OF_O})"
     f" SELECT c.token, c.now, {_OF_T}"
     " FROM c LEFT JOIN took t ON true ORDER BY t.id"

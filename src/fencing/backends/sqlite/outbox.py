@@ -43,13 +43,14 @@ SUPERSEDE: Final = (
 )
 NEW_CLAIM: Final = "INSERT INTO fencing_outbox_claims (relay, claimed_at) VALUES (?, ?)"
 #: pending rows of a kind, in id order, whose key has no pending row under a live claim
-#: nor, up to the row, a pending row not yet due (a debounced send) (a dead row is
-#: never claimed, and its claim ended when it died; a superseded one is settled)
+#: nor, up to the row, a pending row the claim cannot take: one not yet due (a
+#: debounced send) or of another queue kind (dead and superseded rows are settled;
+#: an older row of the kind comes first in id order: the claim takes it too)
 CLAIMABLE: Final = (
     "SELECT o.id FROM fencing_outbox AS o WHERE o.sent_at IS NULL AND o.kind = ?1"
     " AND o.dead_at IS NULL AND NOT EXISTS (SELECT 1 FROM fencing_outbox AS p"
-    " WHERE p.okey = o.okey AND p.sent_at IS NULL AND (p.claimed_until > ?2"
-    " OR (p.due_at > ?2 AND p.id <= o.id AND p.dead_at IS NULL)))"
+    " WHERE p.okey = o.okey AND p.sent_at IS NULL AND p.dead_at IS NULL"
+    " AND (p.claimed_until > ?2 OR (p.id <= o.id AND (p.due_at > ?2 OR p.kind <> ?1))))"
     " ORDER BY o.id LIMIT ?3"
 )
 _ONE_OF: Final = "id IN (SELECT value FROM json_each(?))"
