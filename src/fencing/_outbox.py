@@ -12,9 +12,9 @@ grows, and a deadline (``claimed_until``). Rows are claimed in the order they we
 written, and a row of a key only with every older unsettled row of that key (unsent,
 not dead): never while another claim on a row of the key is live, nor past an older
 row of another queue kind or one not yet due; so the rows of one key are published
-in order. Marking a row sent,
-or giving it back after a failed publish, names the claim's token: a relay that paused
-past its claim's deadline, whose rows a newer claim took, marks and gives back nothing.
+in order. Marking a row sent, or giving it back after a failed publish, names the
+claim's token: a relay that paused past its claim's deadline, whose rows a newer claim
+took, marks and gives back nothing.
 
 A row whose publish keeps failing while the broker takes other rows (a *poison* row: a
 payload the broker refuses, a queue that does not exist) can be given up as *dead*
