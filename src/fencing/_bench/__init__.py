@@ -23,6 +23,7 @@ __all__ = ["OPERATIONS", "add_arguments", "run"]
 #: ``--only`` names, in the order contests run.
 OPERATIONS: Final = (
     "commit",
+    "refused",
     "table",
     "guard",
     "using",
