@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from .._errors import ConfigurationError, FencingError, InvalidInput, StoreError
-from ._harness import Contest, Plan, Skip, measure, rows_for
+from ._harness import BenchFailed, Contest, Plan, Skip, measure, rows_for
 
 __all__ = ["OPERATIONS", "add_arguments", "run"]
 
@@ -49,6 +49,7 @@ class Scenario(Protocol):
     setting: str
 
     def contests(self) -> list[tuple[str, Builder]]: ...
+    def check_answers(self) -> list[tuple[str, Any, Any]]: ...
     def close(self) -> None: ...
 
 
@@ -214,6 +215,11 @@ def collect(
             rows.append(_skipped(label.split(":", 1)[0], label, None, f"unavailable: {exc}"))
             continue
         try:
+            wrong = [case for case in scenario.check_answers() if case[1] != case[2]]
+            if wrong:  # a baseline that returns less than fencing is no baseline
+                raise BenchFailed(
+                    f"{scenario.store_name}: the same-answer baseline answered otherwise: {wrong}"
+                )
             for name, build in scenario.contests():
                 if only and name not in only:
                     continue
