@@ -308,7 +308,9 @@ def check_answers(
     try:
         both(
             "fenced commit",
-            coll.commit(Intent(fencing_id(), coll.name, "c", 1, "ship"), _state(3), lease=lease_ours),
+            coll.commit(
+                Intent(fencing_id(), coll.name, "c", 1, "ship"), _state(3), lease=lease_ours
+            ),
             hand.answer_fenced(
                 theirs, "c", 1, _state(3), fencing_id(), f"bench-answers-{prefix}/hand", token
             ),

@@ -78,12 +78,12 @@ def _decide_state(state: Any, ms: float) -> dict[str, Any]:
 def _fencing_store(spec: Spec, pool: int) -> fencing.Store:
     if spec.store == "postgresql":
         return fencing.open(spec.url, schema=spec.scratch, max_size=pool)
-    return fencing.open(
-        spec.url, prefix=f"{spec.scratch}f", table_prefix=f"{spec.scratch}t:"
-    )
+    return fencing.open(spec.url, prefix=f"{spec.scratch}f", table_prefix=f"{spec.scratch}t:")
 
 
-def make_op(spec: Spec, side: str, store: fencing.Store | None) -> tuple[Callable[[str], bool], Callable[[], None]]:
+def make_op(
+    spec: Spec, side: str, store: fencing.Store | None
+) -> tuple[Callable[[str], bool], Callable[[], None]]:
     """One worker's ``op(key) -> completed`` for ``side``, and its cleanup."""
     ms = spec.decide_ms
     if side == FENCING:
@@ -132,7 +132,7 @@ def make_op(spec: Spec, side: str, store: fencing.Store | None) -> tuple[Callabl
             if not lock.acquire():
                 return False
             try:
-                doc = json.loads(r.get(doc_key))
+                doc = json.loads(r.get(doc_key))  # type: ignore[arg-type]
                 new = _decide_state(doc["s"], ms)
                 pipe = r.pipeline(transaction=True)
                 pipe.set(doc_key, json.dumps({"v": doc["v"] + 1, "s": new}))
@@ -229,7 +229,9 @@ class _Setup:
         self.kind = "postgresql" if parsed.scheme in ("postgresql", "postgres") else parsed.scheme
         suffix = uuid.uuid4().hex[:8]
         self.scratch = (
-            f"fencing_contention_{suffix}" if self.kind == "postgresql" else f"fencing_cont:{suffix}:"
+            f"fencing_contention_{suffix}"
+            if self.kind == "postgresql"
+            else f"fencing_cont:{suffix}:"
         )
         self.collection = f"contention-{suffix}"
         if self.kind == "postgresql":
@@ -246,7 +248,9 @@ class _Setup:
 
             self.admin = redis.Redis.from_url(url.split("?", 1)[0])
         else:
-            raise StoreError(f"fencing bench --contention measures postgresql and redis, not {self.kind}")
+            raise StoreError(
+                f"fencing bench --contention measures postgresql and redis, not {self.kind}"
+            )
         self.store = _fencing_store(self.spec((), 0.0), 2)
 
     def spec(self, keys: tuple[str, ...], ms: float) -> Spec:
@@ -266,9 +270,7 @@ class _Setup:
             )
         else:
             for key in keys:
-                self.admin.set(
-                    f"{self.scratch}lock-side:{key}", json.dumps({"v": 1, "s": start})
-                )
+                self.admin.set(f"{self.scratch}lock-side:{key}", json.dumps({"v": 1, "s": start}))
 
     def baseline(self) -> str:
         return FOR_UPDATE if self.kind == "postgresql" else LOCK
@@ -293,8 +295,15 @@ def orm_rows(url: str, seconds: float) -> list[dict[str, Any]]:
         import sqlalchemy as sa
         from sqlalchemy import orm
     except ImportError:
-        return [{"kind": "skipped", "store": "postgresql", "setting": "contention",
-                 "operation": ORM, "reason": "SQLAlchemy is not installed"}]
+        return [
+            {
+                "kind": "skipped",
+                "store": "postgresql",
+                "setting": "contention",
+                "operation": ORM,
+                "reason": "SQLAlchemy is not installed",
+            }
+        ]
     setup = _Setup(url)
     try:
         keys = tuple(f"k{i:02d}" for i in range(64))
@@ -327,9 +336,7 @@ def orm_rows(url: str, seconds: float) -> list[dict[str, Any]]:
                 self.key = key
 
         registry = orm.registry()
-        registry.map_imperatively(
-            Row, rows_table, version_id_col=rows_table.c.version
-        )
+        registry.map_imperatively(Row, rows_table, version_id_col=rows_table.c.version)
         registry.map_imperatively(Applied, applied_table)
 
         sa_url = url.split("?", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
@@ -367,17 +374,25 @@ def orm_rows(url: str, seconds: float) -> list[dict[str, Any]]:
             close()
         rows = []
         for name, samples in out.items():
-            rows.append({
-                "kind": "single",
+            rows.append(
+                {
+                    "kind": "single",
+                    "store": "postgresql",
+                    "setting": "one call at a time, 64 keys, 0 ms decide",
+                    "operation": name,
+                    "wall_us_per_op": statistics.median(s[0] for s in samples),
+                    "cpu_us_per_op": statistics.median(s[1] for s in samples),
+                }
+            )
+        rows.append(
+            {
+                "kind": "skipped",
                 "store": "postgresql",
-                "setting": "one call at a time, 64 keys, 0 ms decide",
-                "operation": name,
-                "wall_us_per_op": statistics.median(s[0] for s in samples),
-                "cpu_us_per_op": statistics.median(s[1] for s in samples),
-            })
-        rows.append({"kind": "skipped", "store": "postgresql", "setting": "contention",
-                     "operation": "django-concurrency save()",
-                     "reason": "django-concurrency is not installed in this environment"})
+                "setting": "contention",
+                "operation": "django-concurrency save()",
+                "reason": "django-concurrency is not installed in this environment",
+            }
+        )
         return rows
     finally:
         setup.close()
@@ -392,9 +407,15 @@ def run_contention(
         try:
             setup = _Setup(url)
         except Exception as exc:  # a server not running, a store without a baseline
-            rows.append({"kind": "skipped", "store": url.split(":", 1)[0],
-                         "setting": "contention", "operation": None,
-                         "reason": f"unavailable: {type(exc).__name__}: {exc}"})
+            rows.append(
+                {
+                    "kind": "skipped",
+                    "store": url.split(":", 1)[0],
+                    "setting": "contention",
+                    "operation": None,
+                    "reason": f"unavailable: {type(exc).__name__}: {exc}",
+                }
+            )
             continue
         try:
             baseline = setup.baseline()
@@ -405,27 +426,33 @@ def run_contention(
                 order = [FENCING, baseline] if n % 2 == 0 else [baseline, FENCING]
                 got = {}
                 for side in order:
-                    say(f"{setup.kind} contention: {workers} {how}, {key_count} keys, {ms:g} ms, {side}")
+                    where = f"{workers} {how}, {key_count} keys, {ms:g} ms"
+                    say(f"{setup.kind} contention: {where}, {side}")
                     got[side] = run_point(spec, side, how, workers, seconds)
                 ours, theirs = got[FENCING], got[baseline]
-                rows.append({
-                    "kind": "contention",
-                    "store": setup.kind,
-                    "setting": f"{workers} {how}",
-                    "operation": f"{key_count} key{'s' if key_count > 1 else ''}, decide {ms:g} ms",
-                    "workers": workers,
-                    "how": how,
-                    "keys": key_count,
-                    "decide_ms": ms,
-                    "seconds": seconds,
-                    "baseline": baseline,
-                    "fencing_goodput": ours["goodput"],
-                    "baseline_goodput": theirs["goodput"],
-                    "goodput_ratio": ours["goodput"] / theirs["goodput"] if theirs["goodput"] else float("inf"),
-                    "fencing_cpu_us_per_op": ours["cpu_us_per_op"],
-                    "baseline_cpu_us_per_op": theirs["cpu_us_per_op"],
-                    "cpu_ratio": ours["cpu_us_per_op"] / theirs["cpu_us_per_op"],
-                })
+                plural = "keys" if key_count > 1 else "key"
+                rows.append(
+                    {
+                        "kind": "contention",
+                        "store": setup.kind,
+                        "setting": f"{workers} {how}",
+                        "operation": f"{key_count} {plural}, decide {ms:g} ms",
+                        "workers": workers,
+                        "how": how,
+                        "keys": key_count,
+                        "decide_ms": ms,
+                        "seconds": seconds,
+                        "baseline": baseline,
+                        "fencing_goodput": ours["goodput"],
+                        "baseline_goodput": theirs["goodput"],
+                        "goodput_ratio": ours["goodput"] / theirs["goodput"]
+                        if theirs["goodput"]
+                        else float("inf"),
+                        "fencing_cpu_us_per_op": ours["cpu_us_per_op"],
+                        "baseline_cpu_us_per_op": theirs["cpu_us_per_op"],
+                        "cpu_ratio": ours["cpu_us_per_op"] / theirs["cpu_us_per_op"],
+                    }
+                )
         finally:
             setup.close()
         if setup.kind == "postgresql":

@@ -144,8 +144,7 @@ MY_ANSWERS: Final = {
     "apply": "SELECT version, state; COMMIT; decide; the same-answer transaction",
     "many": "per item UPDATE ... AND version=%s (refused: SELECT the row, EXISTS applied);"
     " one multi-row INSERT applied; COMMIT",
-    "fenced": "SELECT the live lease LOCK IN SHARE MODE; UPDATE ... fence; INSERT applied;"
-    " COMMIT",
+    "fenced": "SELECT the live lease LOCK IN SHARE MODE; UPDATE ... fence; INSERT applied; COMMIT",
 }
 
 TXN: Final = "plain txn"

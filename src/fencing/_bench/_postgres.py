@@ -22,7 +22,7 @@ import fencing
 
 from .._errors import MissingDependency, StoreError, TransientStoreError
 from .._url import StoreURL
-from ._answer import ANSWERS, Answer
+from ._answer import Answer
 from ._common import (
     ANSWER_ROWS,
     KEYS,
@@ -639,7 +639,9 @@ class PostgresBench(Bench):
         cursor, commit = Cursor(keys), self._hand.answer_commit_select
 
         def prepare(n: int) -> Block:
-            items = [(k, v, collection_state(i), new_id()) for i, (k, v) in enumerate(cursor.take(n))]
+            items = [
+                (k, v, collection_state(i), new_id()) for i, (k, v) in enumerate(cursor.take(n))
+            ]
 
             def op(i: int) -> None:
                 key, version, state, intent_id = items[i]
@@ -649,8 +651,7 @@ class PostgresBench(Bench):
             return Block([op])
 
         method = (
-            "one pipeline: BEGIN; the commit CTE; SELECT version, state, EXISTS applied id;"
-            " COMMIT"
+            "one pipeline: BEGIN; the commit CTE; SELECT version, state, EXISTS applied id; COMMIT"
         )
         return [Side(SECOND_SELECT, method, prepare)]
 

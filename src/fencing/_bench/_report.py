@@ -238,7 +238,10 @@ def modes_markdown(rows: Sequence[Row]) -> str:
         out.append("")
     scale = [r for r in rows if r["kind"] == "scale"]
     if scale:
-        out += ["| store | records = applied ids | commit p50 µs | p99 µs |", "|---|---:|---:|---:|"]
+        out += [
+            "| store | records = applied ids | commit p50 µs | p99 µs |",
+            "|---|---:|---:|---:|",
+        ]
         for r in scale:
             out.append(
                 f"| {r['store']} | {r['records']:,} | {_n(r['p50_us'])} | {_n(r['p99_us'])} |"

@@ -31,7 +31,7 @@ import fencing
 from .._values import Intent, new_intent_id
 from ._harness import percentile
 
-__all__ = ["SIZES", "QUICK_SIZES", "run_scale"]
+__all__ = ["QUICK_SIZES", "SIZES", "run_scale"]
 
 SIZES: Final = (1_000, 100_000, 1_000_000)
 QUICK_SIZES: Final = (100, 1_000)
@@ -72,9 +72,7 @@ class _Target:
         old = time.time() - 2 * DAY
         scope = f"c:{COLLECTION}"
         if self.kind == "sqlite":
-            seq = (
-                "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?)"
-            )
+            seq = "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?)"
             self.raw.execute("BEGIN IMMEDIATE")
             self.raw.execute(
                 f"{seq} INSERT INTO fencing_records (collection, key, version, fence, state,"
@@ -97,8 +95,8 @@ class _Target:
             )
             self.raw.execute(
                 f"INSERT INTO {s}.fencing_applied (scope, intent_id, key, applied_at)"
-                " SELECT %s, lpad(to_hex(i), 12, '0') || md5(i::text), 'r' || lpad(i::text, 8, '0'),"
-                " %s FROM generate_series(0, %s - 1) i",
+                " SELECT %s, lpad(to_hex(i), 12, '0') || md5(i::text),"
+                " 'r' || lpad(i::text, 8, '0'), %s FROM generate_series(0, %s - 1) i",
                 (scope, old, size),
             )
             self.raw.execute(f"ANALYZE {s}.fencing_records")
@@ -115,7 +113,9 @@ class _Target:
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
-def _committer(store: fencing.Store, size: int, seed: int, versions: dict[str, int]) -> Callable[[], int]:
+def _committer(
+    store: fencing.Store, size: int, seed: int, versions: dict[str, int]
+) -> Callable[[], int]:
     """A function that commits on a random record and returns its time in ns;
     ``versions`` holds every record's version as far as the bench's commits moved it."""
     coll = store.collection(COLLECTION)
@@ -206,9 +206,15 @@ def run_scale(
             try:
                 target = _Target(url)
             except Exception as exc:  # a server not running
-                rows.append({"kind": "skipped", "store": (url or "sqlite").split(":", 1)[0],
-                             "setting": "scale", "operation": None,
-                             "reason": f"unavailable: {type(exc).__name__}: {exc}"})
+                rows.append(
+                    {
+                        "kind": "skipped",
+                        "store": (url or "sqlite").split(":", 1)[0],
+                        "setting": "scale",
+                        "operation": None,
+                        "reason": f"unavailable: {type(exc).__name__}: {exc}",
+                    }
+                )
                 break
             try:
                 say(f"{target.kind} scale: filling {size:,} records and applied ids")

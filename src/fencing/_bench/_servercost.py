@@ -83,7 +83,9 @@ def _postgres(url: str, ops: int) -> list[dict[str, Any]]:
         def same_answer(n: int) -> None:
             for i in range(n):
                 key = keys[i % len(keys)]
-                answer = hand.answer_commit(theirs, key, hand_versions[key], _state(i), new_intent_id())
+                answer = hand.answer_commit(
+                    theirs, key, hand_versions[key], _state(i), new_intent_id()
+                )
                 assert answer[0] == "committed", answer
                 hand_versions[key] += 1
 
@@ -181,8 +183,13 @@ def _alternate(
 
 
 def _skip(store: str, reason: str) -> dict[str, Any]:
-    return {"kind": "skipped", "store": store, "setting": "server cost", "operation": None,
-            "reason": reason}
+    return {
+        "kind": "skipped",
+        "store": store,
+        "setting": "server cost",
+        "operation": None,
+        "reason": reason,
+    }
 
 
 def run_server_cost(urls: list[str], ops: int) -> list[dict[str, Any]]:
