@@ -250,8 +250,7 @@ def refusal_sides(
         return Block([refuse_stale, refuse_duplicate])
 
     ours_side = Side("fencing", "collection.commit(intent, state) -> Stale / Duplicate", ours)
-    method = hand.answer_methods["commit"] + " (refused: the current row and why)"
-    return ours_side, Side(ANSWERS, method, theirs)
+    return ours_side, Side(ANSWERS, hand.answer_methods["commit"], theirs)
 
 
 # -- the check: each baseline really returns what fencing returns ----------------------------

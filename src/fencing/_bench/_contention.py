@@ -146,13 +146,16 @@ def make_op(
     raise ValueError(side)
 
 
-def _loop(op: Callable[[str], bool], keys: tuple[str, ...], offset: int, until: float) -> int:
+def _loop(
+    op: Callable[[str], bool], keys: tuple[str, ...], offset: int, until: float
+) -> tuple[int, int]:
+    """Call ``op`` until ``until``: (completed, calls)."""
     done, i, size, clock = 0, offset, len(keys), time.monotonic
     while clock() < until:
         if op(keys[i % size]):
             done += 1
         i += 1
-    return done
+    return done, i - offset
 
 
 def _child(spec: Spec, side: str, offset: int, start_at: float, seconds: float, out: Any) -> None:
@@ -164,8 +167,8 @@ def _child(spec: Spec, side: str, offset: int, start_at: float, seconds: float, 
         if delay > 0:
             time.sleep(delay)
         cpu0 = time.process_time()
-        done = _loop(op, spec.keys, offset, time.monotonic() + seconds)
-        out.put((done, time.process_time() - cpu0))
+        done, calls = _loop(op, spec.keys, offset, time.monotonic() + seconds)
+        out.put((done, time.process_time() - cpu0, calls))
     finally:
         close()
         if store is not None:
@@ -177,7 +180,7 @@ def run_point(spec: Spec, side: str, how: str, workers: int, seconds: float) -> 
     if how == "threads":
         store = _fencing_store(spec, workers) if side == FENCING else None
         ops = [make_op(spec, side, store) for _ in range(workers)]
-        counts = [0] * workers
+        counts = [(0, 0)] * workers
         start = threading.Barrier(workers + 1)
 
         def worker(w: int) -> None:
@@ -197,7 +200,7 @@ def run_point(spec: Spec, side: str, how: str, workers: int, seconds: float) -> 
             close()
         if store is not None:
             store.close()
-        done = sum(counts)
+        done, calls = sum(c[0] for c in counts), sum(c[1] for c in counts)
     else:
         ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
@@ -213,9 +216,11 @@ def run_point(spec: Spec, side: str, how: str, workers: int, seconds: float) -> 
             p.join()
         done = sum(r[0] for r in results)
         cpu = sum(r[1] for r in results)
+        calls = sum(r[2] for r in results)
         wall = seconds
     return {
         "completed": float(done),
+        "gave_up": float(calls - done),  # fencing: Contended after every Recompute attempt
         "goodput": done / wall if wall > 0 else 0.0,
         "cpu_us_per_op": cpu * 1e6 / done if done else float("inf"),
     }
@@ -367,7 +372,7 @@ def orm_rows(url: str, seconds: float) -> list[dict[str, Any]]:
             for name in names:
                 op = sides[name][0]
                 cpu0, wall0 = time.process_time(), time.monotonic()
-                done = _loop(op, keys, r, time.monotonic() + seconds / rounds)
+                done, _ = _loop(op, keys, r, time.monotonic() + seconds / rounds)
                 wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
                 out[name].append((wall * 1e6 / max(done, 1), cpu * 1e6 / max(done, 1)))
         for _, close in sides.values():
@@ -451,6 +456,8 @@ def run_contention(
                         "fencing_cpu_us_per_op": ours["cpu_us_per_op"],
                         "baseline_cpu_us_per_op": theirs["cpu_us_per_op"],
                         "cpu_ratio": ours["cpu_us_per_op"] / theirs["cpu_us_per_op"],
+                        "fencing_completed": ours["completed"],
+                        "fencing_gave_up": ours["gave_up"],
                     }
                 )
         finally:
