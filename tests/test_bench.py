@@ -307,9 +307,19 @@ def test_contention_quick(capsys: pytest.CaptureFixture[str], server: str) -> No
         assert not single
 
 
-def test_contention_needs_a_server_store(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--quick", "--contention"]) == 2
-    assert "--contention needs --store" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--contention"], "--contention needs --store"),
+        (["--server-cost"], "--server-cost needs --store"),
+        (["--scale", "--report", "x.html"], "--report draws the operation contests"),
+    ],
+)
+def test_modes_refuse_what_they_cannot_do(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(["bench", "--quick", *args]) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("server", ["postgresql", "redis"])
@@ -331,7 +341,11 @@ def test_scale_quick(capsys: pytest.CaptureFixture[str]) -> None:
         require_server(name, "127.0.0.1", port)
         stores.append("postgresql")
         args += ["--store", url]
-    rows = bench_json(capsys, *args)
+    rows = bench_json(capsys, *args, "--store", "redis://127.0.0.1:6379/0")
+    skipped = [r for r in rows if r["kind"] == "skipped"]
+    assert [(r["store"], r["reason"]) for r in skipped] == [
+        ("redis", "--scale measures SQLite and PostgreSQL")
+    ]
     scale = [(r["store"], r["records"]) for r in rows if r["kind"] == "scale"]
     assert scale == [(s, n) for s in stores for n in (100, 1000)]
     prunes = [r for r in rows if r["kind"] == "prune"]

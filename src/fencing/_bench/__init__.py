@@ -324,6 +324,10 @@ def run(args: argparse.Namespace) -> int:
         from .._html import check_report_path
 
         check_report_path(report, "--report")
+    if report is not None and (args.contention or args.server_cost or args.scale):
+        raise InvalidInput(
+            "--report draws the operation contests, not --contention, --server-cost or --scale"
+        )
     special = _run_mode(args, plan)
     if special is not None:
         from . import _report

@@ -202,6 +202,18 @@ def run_scale(
     commits = 30 if quick else 2_000
     rows: list[dict[str, Any]] = []
     for url in urls:
+        scheme = (url or "sqlite").split(":", 1)[0]
+        if scheme not in ("sqlite", "postgresql", "postgres"):
+            rows.append(
+                {
+                    "kind": "skipped",
+                    "store": scheme,
+                    "setting": "scale",
+                    "operation": None,
+                    "reason": "--scale measures SQLite and PostgreSQL",
+                }
+            )
+            continue
         for size in sizes:
             try:
                 target = _Target(url)
