@@ -15,13 +15,25 @@ import pytest
 from fencing._bench._harness import Block, Contest, Plan, Side, measure, order, rows_for
 from fencing._cli import main
 
-from ._backends import require_server
+from ._backends import CI, require_server, server_up
 
 GUARD = "table.commit, guard trigger"  # beside the same commit without the trigger
 USING = "table.commit in the caller's transaction"  # beside own connections, hand-written
 METRICS = "collection.commit, Prometheus metrics on"  # beside the same commit, metrics off
+STALE = "refused: stale intent"
+REDELIVERED = "refused: redelivered intent"
+#: operations beside the same-answer baseline and the older one that returns less
+BOTH = {
+    "collection.commit",
+    "table.commit",
+    "apply",
+    "commit_many (100/call)",
+    "commit under lease",
+}
 SQLITE_OPERATIONS = {
     "collection.commit",
+    STALE,
+    REDELIVERED,
     "table.commit",
     GUARD,
     USING,
@@ -72,10 +84,16 @@ def test_sqlite_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert settings == {"WAL file, synchronous=FULL", "WAL file, synchronous=NORMAL"}
     for setting in settings:
         ops = [r["operation"] for r in pairs if r["setting"] == setting]
-        assert set(ops) == SQLITE_OPERATIONS and len(ops) == len(SQLITE_OPERATIONS) + 1, setting
+        # two baselines: USING's, and each of BOTH's (the same answer, and the older one)
+        assert set(ops) == SQLITE_OPERATIONS, setting
+        assert len(ops) == len(SQLITE_OPERATIONS) + 1 + len(BOTH), setting
     for row in pairs:
         baselines = {"hand-written"}
-        if row["operation"] == GUARD:
+        if row["operation"] in BOTH:
+            baselines = {"same answer", "hand-written, no row back"}
+        elif row["operation"] in (STALE, REDELIVERED):
+            baselines = {"same answer"}
+        elif row["operation"] == GUARD:
             baselines = {"no trigger"}
         elif row["operation"] == METRICS:
             baselines = {"metrics off"}
@@ -85,8 +103,8 @@ def test_sqlite_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
         check_pair(row)
         many = row["operation"].startswith("commit_many")
         assert row["commits_per_call"] == (100 if many else 1)
-        # the stated target: table.commit within 1.10x, at both settings
-        if row["operation"] == "table.commit":
+        # the stated target: table.commit within 1.10x of the same answer, at both settings
+        if row["operation"] == "table.commit" and row["baseline"] == "same answer":
             assert row["target_ratio"] == 1.10 and isinstance(row["target_met"], bool)
         else:
             assert row["target_ratio"] is None and row["target_met"] is None
@@ -102,9 +120,9 @@ def test_markdown_and_only(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--quick", "--markdown", "--only", "table", "--no-memory"]) == 0
     out = capsys.readouterr().out
     assert "| operation | fencing ops/s | hand-written ops/s |" in out
-    assert out.count("| table.commit |") == 2
+    assert out.count("| table.commit |") == 4  # two settings, two baselines
     assert "collection.commit" not in out
-    assert "target: table.commit within 1.10x of hand-written" in out
+    assert "target: table.commit within 1.10x of same answer" in out
 
 
 def test_rich_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -131,7 +149,14 @@ def test_server_quick_json(capsys: pytest.CaptureFixture[str], server: str) -> N
         check_pair(row)
     # the approaches readers compare: FOR UPDATE transactions, a redis-py Lock
     other = "redis-py Lock" if server == "redis" else "FOR UPDATE txn"
-    assert other in {r["baseline"] for r in pairs}
+    baselines = {r["baseline"] for r in pairs}
+    assert f"{other}, no row back" in baselines and "same answer" in baselines
+    if server == "postgresql":  # RETURNING beside a second SELECT
+        assert "same answer, 2nd SELECT" in baselines
+    for op in BOTH | {STALE, REDELIVERED}:
+        if server == "redis" and op == "table.commit":
+            continue
+        assert "same answer" in {r["baseline"] for r in pairs if r["operation"] == op}, op
     speedup = [r for r in rows if r["kind"] == "speedup"]
     assert len(speedup) == 1
     assert (speedup[0]["target_ratio"] == 20.0) is (server == "postgresql")
@@ -186,3 +211,144 @@ def test_sides_alternate() -> None:
     for row in rows:
         assert row["rounds"] == 4 and row["calls_per_round"] == 3
         assert row["fencing_ops_per_s"] > 0 and row["baseline_ops_per_s"] > 0
+
+
+# -- the same answer: each baseline returns what fencing returns -----------------------------
+CASES = [
+    "commit",
+    "redelivered",
+    "stale",
+    "apply",
+    "fenced commit",
+    "commit_many item 0",
+    "commit_many item 1",
+    "commit_many item 2",
+    "table.commit",
+]
+
+
+def _scenario(store: str) -> Any:
+    from fencing._bench import _scenario as make
+
+    if store == "sqlite":
+        return make(None, "normal")
+    url, name, port, module = SERVERS[store]
+    if importlib.util.find_spec(f"fencing.backends.{module}") is None:
+        pytest.skip(f"the {store} backend does not exist in this tree")
+    require_server(name, "127.0.0.1", port)
+    return make(url)
+
+
+@pytest.mark.parametrize("store", ["sqlite", *sorted(SERVERS)])
+def test_baselines_answer_as_fencing_does(store: str) -> None:
+    """On success the row at its new version; on refusal the current row and why."""
+    scenario = _scenario(store)
+    try:
+        cases = scenario.check_answers()
+    finally:
+        scenario.close()
+    assert [case for case, _, _ in cases] == CASES
+    by_case = {case: (ours, theirs) for case, ours, theirs in cases}
+    for case, (ours, theirs) in by_case.items():
+        assert ours == theirs, (store, case)
+    # and the cases are what they claim: the refusals told apart, the rows carried
+    assert by_case["commit"][1][:2] == ("committed", 2)
+    assert by_case["redelivered"][1][:2] == ("duplicate", 2)
+    assert by_case["stale"][1][:2] == ("stale", 2)
+    assert by_case["stale"][1][2] == {"status": "shipped", "n": 7}
+    assert [by_case[f"commit_many item {i}"][1][0] for i in range(3)] == [
+        "committed",
+        "stale",
+        "committed",
+    ]
+    assert by_case["table.commit"][1][2]["status"] == "shipped"
+
+
+def test_a_baseline_that_returns_less_stops_the_bench(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fencing._bench._sqlite import SQLiteHand
+
+    def less(self: Any, collection: str, key: str, version: int, state: Any, iid: str) -> Any:
+        return ("committed", version + 1, {})  # applied, but not the row
+
+    monkeypatch.setattr(SQLiteHand, "answer_commit", less)
+    assert main(["bench", "--quick", "--json", "--only", "lease"]) == 2
+    assert "answered otherwise" in capsys.readouterr().err
+
+
+# -- the other modes, --quick on every store that can run them ----------------------------------
+@pytest.mark.parametrize("server", ["postgresql", "redis"])
+def test_contention_quick(capsys: pytest.CaptureFixture[str], server: str) -> None:
+    url, name, port, _ = SERVERS[server]
+    require_server(name, "127.0.0.1", port)
+    rows = bench_json(capsys, "--contention", "--store", url)
+    grid = [r for r in rows if r["kind"] == "contention"]
+    assert [(r["how"], r["keys"], r["decide_ms"]) for r in grid] == [
+        ("threads", 1, 0.0),
+        ("threads", 64, 2.0),
+        ("processes", 64, 0.0),
+    ]
+    other = "redis-py Lock" if server == "redis" else "FOR UPDATE txn"
+    for row in grid:
+        assert row["store"] == server and row["baseline"] == other
+        for name in ("fencing_goodput", "baseline_goodput", "goodput_ratio"):
+            assert math.isfinite(row[name]) and row[name] > 0, (name, row)
+        assert row["fencing_cpu_us_per_op"] > 0 and row["baseline_cpu_us_per_op"] > 0
+    single = {r["operation"] for r in rows if r["kind"] == "single"}
+    if server == "postgresql":
+        pytest.importorskip("sqlalchemy")
+        assert single == {
+            "fencing apply + Recompute",
+            "FOR UPDATE txn",
+            "SQLAlchemy ORM version_id_col",
+        }
+    else:
+        assert not single
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--contention"], "--contention needs --store"),
+        (["--server-cost"], "--server-cost needs --store"),
+        (["--scale", "--report", "x.html"], "--report draws the operation contests"),
+    ],
+)
+def test_modes_refuse_what_they_cannot_do(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(["bench", "--quick", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("server", ["postgresql", "redis"])
+def test_server_cost_quick(capsys: pytest.CaptureFixture[str], server: str) -> None:
+    url, name, port, _ = SERVERS[server]
+    require_server(name, "127.0.0.1", port)
+    rows = bench_json(capsys, "--server-cost", "--store", url)
+    assert [r["kind"] for r in rows] == ["server"], rows
+    row = rows[0]
+    assert row["store"] == server and row["operation"] == "collection.commit"
+    assert row["fencing_server_us"] > 0 and row["baseline_server_us"] > 0
+
+
+def test_scale_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    url, name, port, _ = SERVERS["postgresql"]
+    stores = ["sqlite"]
+    args = ["--scale"]
+    if server_up("127.0.0.1", port) or CI:  # CI: the server must be there
+        require_server(name, "127.0.0.1", port)
+        stores.append("postgresql")
+        args += ["--store", url]
+    rows = bench_json(capsys, *args, "--store", "redis://127.0.0.1:6379/0")
+    skipped = [r for r in rows if r["kind"] == "skipped"]
+    assert [(r["store"], r["reason"]) for r in skipped] == [
+        ("redis", "--scale measures SQLite and PostgreSQL")
+    ]
+    scale = [(r["store"], r["records"]) for r in rows if r["kind"] == "scale"]
+    assert scale == [(s, n) for s in stores for n in (100, 1000)]
+    prunes = [r for r in rows if r["kind"] == "prune"]
+    assert [r["store"] for r in prunes] == stores
+    for row in prunes:
+        assert row["removed"] >= 1000 and row["prune_s"] > 0

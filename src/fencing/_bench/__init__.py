@@ -16,13 +16,14 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from .._errors import ConfigurationError, FencingError, InvalidInput, StoreError
-from ._harness import Contest, Plan, Skip, measure, rows_for
+from ._harness import BenchFailed, Contest, Plan, Skip, measure, rows_for
 
 __all__ = ["OPERATIONS", "add_arguments", "run"]
 
 #: ``--only`` names, in the order contests run.
 OPERATIONS: Final = (
     "commit",
+    "refused",
     "table",
     "guard",
     "using",
@@ -48,6 +49,7 @@ class Scenario(Protocol):
     setting: str
 
     def contests(self) -> list[tuple[str, Builder]]: ...
+    def check_answers(self) -> list[tuple[str, Any, Any]]: ...
     def close(self) -> None: ...
 
 
@@ -84,6 +86,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--no-memory", action="store_true", help="skip the tracemalloc peak-memory blocks"
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--contention",
+        action="store_true",
+        help="the worker pattern under load (apply + Recompute, 16 threads and 4 processes,"
+        " 1 and 64 keys, 0 and 2 ms decide) beside FOR UPDATE (PostgreSQL) and a redis-py"
+        " Lock (Redis): goodput and client CPU per operation; needs --store",
+    )
+    mode.add_argument(
+        "--server-cost",
+        action="store_true",
+        help="the server's own time per commit beside the same-answer baseline's"
+        " (PostgreSQL: backend CPU; Redis: INFO commandstats); needs --store",
+    )
+    mode.add_argument(
+        "--scale",
+        action="store_true",
+        help="commit latency at 10^3, 10^5 and 10^6 records and applied ids, and prune()"
+        " at 10^6 beside concurrent commits (SQLite, and --store postgresql://); slow",
     )
     parser.add_argument(
         "--report",
@@ -213,6 +235,11 @@ def collect(
             rows.append(_skipped(label.split(":", 1)[0], label, None, f"unavailable: {exc}"))
             continue
         try:
+            wrong = [case for case in scenario.check_answers() if case[1] != case[2]]
+            if wrong:  # a baseline that returns less than fencing is no baseline
+                raise BenchFailed(
+                    f"{scenario.store_name}: the same-answer baseline answered otherwise: {wrong}"
+                )
             for name, build in scenario.contests():
                 if only and name not in only:
                     continue
@@ -259,6 +286,35 @@ def check_store(url: str) -> str:
     return url
 
 
+def _run_mode(args: argparse.Namespace, plan: Plan) -> list[dict[str, Any]] | None:
+    """Rows of ``--contention``, ``--server-cost`` or ``--scale``; None for the contests."""
+    progress = sys.stderr.isatty() and not args.quick
+
+    def say(text: str) -> None:
+        if progress:
+            print(text, file=sys.stderr, flush=True)
+
+    if args.contention:
+        from ._contention import GRID, QUICK_GRID, run_contention
+
+        if not args.store:
+            raise InvalidInput("--contention needs --store postgresql://... or redis://...")
+        seconds = 0.3 if args.quick else (args.seconds or 4.0)
+        return run_contention(args.store, seconds, say, QUICK_GRID if args.quick else GRID)
+    if args.server_cost:
+        from ._servercost import run_server_cost
+
+        if not args.store:
+            raise InvalidInput("--server-cost needs --store postgresql://... or redis://...")
+        return run_server_cost(args.store, 30 if args.quick else (args.ops or 2000))
+    if args.scale:
+        from ._scale import run_scale
+
+        urls: list[str | None] = [None, *args.store]
+        return run_scale(urls, args.quick, say)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     plan = plan_from(args)
     for url in args.store:
@@ -268,6 +324,19 @@ def run(args: argparse.Namespace) -> int:
         from .._html import check_report_path
 
         check_report_path(report, "--report")
+    if report is not None and (args.contention or args.server_cost or args.scale):
+        raise InvalidInput(
+            "--report draws the operation contests, not --contention, --server-cost or --scale"
+        )
+    special = _run_mode(args, plan)
+    if special is not None:
+        from . import _report
+
+        if args.json:
+            print(_report.to_json(special))
+        else:
+            print(_report.modes_markdown(special), end="")
+        return 0
     targets: list[tuple[str | None, str]] = (
         [(url, "") for url in args.store] if args.store else [(None, "full"), (None, "normal")]
     )

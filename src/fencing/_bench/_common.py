@@ -15,12 +15,15 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 import fencing
 
 from .._values import Intent, Kind, Outcome, Record, new_intent_id
+from . import _answer
 from ._harness import BenchFailed, Block, Contest, Side, Skip
 
 __all__ = [
+    "ANSWER_ROWS",
     "GUARD_OPERATION",
     "KEYS",
     "LEASE_TTL",
+    "NO_ROW",
     "NO_TRIGGER",
     "START",
     "Bench",
@@ -36,6 +39,11 @@ __all__ = [
 
 #: Records per contest: commits cycle over them; a commit_many call writes each once.
 KEYS: Final = 100
+#: Rows of the hand-written side's user table: ``KEYS`` for the old baseline, ``KEYS``
+#: for the FOR UPDATE one, ``KEYS`` for the same-answer one, one for ``check_answers``.
+ANSWER_ROWS: Final = 3 * KEYS + 1
+#: Said of a baseline that does not read back what fencing returns.
+NO_ROW: Final = ", no row back"
 #: The state every benchmark record starts with.
 START: Final[Mapping[str, Any]] = {"status": "new", "n": 0}
 #: Seconds a benchmark lease is held for (each is released long before).
@@ -300,6 +308,7 @@ class Bench:
     def contests(self) -> list[tuple[str, Builder]]:
         found: list[tuple[str, Builder]] = [
             ("commit", self.commit),
+            ("refused", self.refused),
             ("table", self.table_commit),
             ("apply", self.apply),
             ("many", self.commit_many),
@@ -318,18 +327,68 @@ class Bench:
         self.hand.create_records(self.ours.collection, keys)
         return keys
 
+    def _answer_records(self, keys: Sequence[str]) -> str:
+        """The same-answer baseline's own copy of ``keys``: its collection name."""
+        name = f"{self.ours.collection}/answer"
+        self.answering.answer_records(name, keys)
+        return name
+
+    @property
+    def answering(self) -> _answer.Answering:
+        hand: Any = self.hand
+        return hand  # type: ignore[no-any-return]
+
     def commit(self) -> Contest:
         keys = self._records("c")
         coll = self.ours.collection
-        sides = (self.ours.commit(keys), *self.hand.commit(coll, keys))
+        answer = _answer.commit_side(self.answering, self._answer_records(keys), keys)
+        sides = (
+            self.ours.commit(keys),
+            answer,
+            *self.extra_answers(self._answer_records_named(keys, "select"), keys),
+            *less(self.hand.commit(coll, keys)),
+        )
         return Contest(("collection.commit",), sides)
+
+    def _answer_records_named(self, keys: Sequence[str], tail: str) -> str:
+        name = f"{self.ours.collection}/{tail}"
+        self.answering.answer_records(name, keys)
+        return name
+
+    def extra_answers(self, collection: str, keys: Sequence[str]) -> list[Side]:
+        """Other same-answer baselines for collection.commit (PostgreSQL: a second SELECT)."""
+        return []
+
+    def refused(self) -> Contest:
+        """The refusal path: stale and redelivered intents, the current row and why."""
+        keys = self._records("r")
+        theirs = self._answer_records_named(keys, "refused")
+        sides = _answer.refusal_sides(self.ours.coll, self.answering, theirs, keys)
+        return Contest((_answer.REFUSED_STALE, _answer.REFUSED_DUPLICATE), sides)
+
+    def check_answers(self) -> list[tuple[str, _answer.Answer, _answer.Answer]]:
+        """fencing's answer and the same-answer baseline's, case by case (see _answer)."""
+        table = (
+            self.user_table(f"bench_answers_{self.suffix}")
+            if self.guard_trigger
+            else self.fencing_table()
+        )
+
+        def rows() -> tuple[fencing.Table, int, int]:
+            assert not isinstance(table, Skip)
+            return table, KEYS, ANSWER_ROWS
+
+        return _answer.check_answers(
+            self.store, self.answering, self.suffix, None if isinstance(table, Skip) else rows
+        )
 
     def table_commit(self) -> Contest | Skip:
         table = self.fencing_table()
         if isinstance(table, Skip):
             return table
         keys = list(range(1, KEYS + 1))
-        sides = (self.ours.table_commit(table, keys), *self._hand_table())
+        answer = _answer.table_side(self.answering, [2 * KEYS + k for k in keys])
+        sides = (self.ours.table_commit(table, keys), answer, *less(self._hand_table()))
         return Contest(("table.commit",), sides, target=self.table_target)
 
     def _hand_table(self) -> list[Side]:
@@ -377,20 +436,34 @@ class Bench:
 
     def apply(self) -> Contest:
         keys = self._records("a")
-        sides = (self.ours.apply(keys), *self.hand.apply(self.ours.collection, keys))
+        answer = _answer.apply_side(self.answering, self._answer_records(keys), keys)
+        sides = (
+            self.ours.apply(keys),
+            answer,
+            *less(self.hand.apply(self.ours.collection, keys)),
+        )
         return Contest(("apply",), sides)
 
     def commit_many(self) -> Contest:
         keys = self._records("m")
-        sides = (self.ours.commit_many(keys), *self.hand.commit_many(self.ours.collection, keys))
+        answer = _answer.many_side(self.answering, self._answer_records(keys), keys)
+        sides = (
+            self.ours.commit_many(keys),
+            answer,
+            *less(self.hand.commit_many(self.ours.collection, keys)),
+        )
         return Contest((f"commit_many ({len(keys)}/call)",), sides, per_call=len(keys))
 
     def fenced(self) -> Contest:
         keys = self._records("f")
         lease = f"bench-fenced-{self.suffix}"
+        answer = _answer.fenced_side(
+            self.answering, self._answer_records(keys), keys, f"{lease}/answer"
+        )
         sides = (
             self.ours.fenced(keys, lease),
-            *self.hand.fenced(self.ours.collection, keys, lease),
+            answer,
+            *less(self.hand.fenced(self.ours.collection, keys, lease)),
         )
         return Contest(("commit under lease",), sides)
 
@@ -435,6 +508,12 @@ class Bench:
                 self.drop()
             finally:
                 self.hand.close()
+
+
+def less(sides: Sequence[Side]) -> list[Side]:
+    """The older baselines that say only "applied" (no row back, no reason on refusal),
+    kept beside the same-answer one and labelled so."""
+    return [replace(side, label=side.label + NO_ROW) for side in sides]
 
 
 def one_check(ok: bool, what: str) -> None:

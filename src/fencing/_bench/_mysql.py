@@ -24,6 +24,7 @@ import fencing
 from .._errors import MissingDependency, StoreError, TransientStoreError
 from .._url import StoreURL
 from ._common import (
+    ANSWER_ROWS,
     KEYS,
     START,
     Bench,
@@ -35,6 +36,7 @@ from ._common import (
     one_check,
 )
 from ._harness import Block, Side, Skip
+from ._mysql_answer import MySQLAnswers
 
 __all__ = ["MySQLBench"]
 
@@ -166,7 +168,7 @@ def connect(url: StoreURL, database: str | None) -> Any:
     return conn
 
 
-class MySQLHand:
+class MySQLHand(MySQLAnswers):
     """Hand-written PyMySQL transactions on one connection."""
 
     def __init__(self, conn: Any) -> None:
@@ -444,7 +446,7 @@ class MySQLBench(Bench):
                 for statement in (*SCHEMA, ORDERS_DDL.format(name="fencing_bench_orders")):
                     cur.execute(statement)
                 rows = ORDERS_ROWS.format(name="fencing_bench_orders")
-                cur.executemany(rows, [(k,) for k in range(1, 2 * KEYS + 1)])
+                cur.executemany(rows, [(k,) for k in range(1, ANSWER_ROWS + 1)])
             conn.commit()
             parts = urlsplit(url)
             store = fencing.open(urlunsplit(parts._replace(path="/" + self.scratch)))

@@ -23,6 +23,7 @@ import fencing
 from .._errors import MissingDependency, StoreError, TransientStoreError
 from .._url import StoreURL
 from ._common import (
+    ANSWER_ROWS,
     KEYS,
     START,
     Bench,
@@ -34,6 +35,7 @@ from ._common import (
     one_check,
 )
 from ._harness import Block, Side, Skip
+from ._postgres_answer import PostgresAnswers
 
 __all__ = ["PostgresBench"]
 
@@ -138,6 +140,7 @@ RELEASE: Final = (
 )
 
 ONE_TRIP: Final = "1-trip CTE"
+SECOND_SELECT: Final = "same answer, 2nd SELECT"
 FOR_UPDATE: Final = "FOR UPDATE txn"
 
 
@@ -174,7 +177,7 @@ def conninfo(url: StoreURL) -> str:
     return text
 
 
-class PostgresHand:
+class PostgresHand(PostgresAnswers):
     """Hand-written psycopg baselines on one autocommit connection."""
 
     def __init__(self, conn: Any, schema: str) -> None:
@@ -424,7 +427,7 @@ class PostgresBench(Bench):
                 conn.execute(hand.sql(statement))
             conn.execute(hand.sql(ORDERS_DDL.format(s="{s}", name="fencing_bench_orders")))
             orders_rows = hand.sql(ORDERS_ROWS.format(s="{s}", name="fencing_bench_orders"))
-            conn.execute(orders_rows, (2 * KEYS,))
+            conn.execute(orders_rows, (ANSWER_ROWS,))
             own = parsed.options.get("schema")
             store = fencing.open(url) if own else fencing.open(url, schema=scratch)
         except BaseException as exc:
@@ -444,6 +447,28 @@ class PostgresBench(Bench):
 
     def fencing_table(self) -> fencing.Table | Skip:
         return self.user_table(self.table_name)
+
+    def extra_answers(self, collection: str, keys: Sequence[str]) -> list[Side]:
+        """The same answer from a second SELECT (in one pipelined transaction), beside the
+        one statement with RETURNING: whichever is faster is the one to beat."""
+        cursor, commit = Cursor(keys), self._hand.answer_commit_select
+
+        def prepare(n: int) -> Block:
+            items = [
+                (k, v, collection_state(i), new_id()) for i, (k, v) in enumerate(cursor.take(n))
+            ]
+
+            def op(i: int) -> None:
+                key, version, state, intent_id = items[i]
+                answer = commit(collection, key, version, state, intent_id)
+                one_check(answer[0] == "committed", f"commit of {key}")
+
+            return Block([op])
+
+        method = (
+            "one pipeline: BEGIN; the commit CTE; SELECT version, state, EXISTS applied id; COMMIT"
+        )
+        return [Side(SECOND_SELECT, method, prepare)]
 
     def borrowed(self) -> Any:
         psycopg = _psycopg()

@@ -22,7 +22,9 @@ import fencing
 
 from .._errors import MissingDependency, StoreError, TransientStoreError
 from .._url import StoreURL
+from ._answer import Answer
 from ._common import (
+    ANSWER_ROWS,
     KEYS,
     START,
     Bench,
@@ -96,6 +98,72 @@ end
 return 1
 """
 
+# The same answer in one round trip: {1, new version} when applied (the state is the one
+# sent), else {0 stale / -2 duplicate, current version, current state}; {-1} missing.
+ANSWER_LUA: Final = """
+local v = redis.call('HGET', KEYS[1], 'v')
+if not v then return {-1} end
+if tonumber(v) ~= tonumber(ARGV[1]) then
+  local why = 0
+  if redis.call('ZSCORE', KEYS[2], ARGV[3]) then why = -2 end
+  return {why, tonumber(v), redis.call('HGET', KEYS[1], 's')}
+end
+local t = redis.call('TIME')
+if redis.call('ZADD', KEYS[2], 'NX', t[1] * 1000000 + t[2], ARGV[3]) == 0 then
+  return {-2, tonumber(v), redis.call('HGET', KEYS[1], 's')}
+end
+redis.call('HSET', KEYS[1], 'v', tonumber(v) + 1, 's', ARGV[2])
+return {1, tonumber(v) + 1}
+"""
+ANSWER_TABLE_LUA: Final = """
+local row = redis.call('HMGET', KEYS[1], 'version', 'status', 'total', 'note')
+if not row[1] then return {-1} end
+local v = tonumber(row[1])
+if v ~= tonumber(ARGV[1]) then
+  local why = 0
+  if redis.call('ZSCORE', KEYS[2], ARGV[4]) then why = -2 end
+  return {why, v, row[2], row[3], row[4]}
+end
+local t = redis.call('TIME')
+if redis.call('ZADD', KEYS[2], 'NX', t[1] * 1000000 + t[2], ARGV[4]) == 0 then
+  return {-2, v, row[2], row[3], row[4]}
+end
+redis.call('HSET', KEYS[1], 'version', v + 1, 'status', ARGV[2], 'total', ARGV[3])
+return {1, v + 1, ARGV[2], ARGV[3], row[4]}
+"""
+ANSWER_FENCED_LUA: Final = """
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local rec = redis.call('HMGET', KEYS[1], 'v', 'f')
+if not rec[1] then return {-1} end
+local lease = redis.call('HMGET', KEYS[3], 'token', 'owner', 'exp')
+if lease[1] ~= ARGV[4] or not lease[2] or tonumber(lease[3]) <= now
+   or tonumber(rec[2] or '0') > tonumber(ARGV[4]) then
+  return {-3, tonumber(rec[1]), redis.call('HGET', KEYS[1], 's')}
+end
+if tonumber(rec[1]) ~= tonumber(ARGV[1]) then
+  local why = 0
+  if redis.call('ZSCORE', KEYS[2], ARGV[3]) then why = -2 end
+  return {why, tonumber(rec[1]), redis.call('HGET', KEYS[1], 's')}
+end
+if redis.call('ZADD', KEYS[2], 'NX', now, ARGV[3]) == 0 then
+  return {-2, tonumber(rec[1]), redis.call('HGET', KEYS[1], 's')}
+end
+redis.call('HSET', KEYS[1], 'v', tonumber(rec[1]) + 1, 's', ARGV[2], 'f', ARGV[4])
+return {1, tonumber(rec[1]) + 1}
+"""
+_KINDS: Final = {1: "committed", 0: "stale", -2: "duplicate", -3: "fenced", -1: "missing"}
+REDIS_ANSWERS: Final = {
+    "commit": "EVALSHA: HGET v; compare (refused: ZSCORE applied id -> duplicate or stale,"
+    " HGET state); ZADD NX applied; HSET v+1, state; returns {kind, version[, state]}",
+    "table": "EVALSHA: HMGET version, status, total, note; compare; ZADD NX; HSET;"
+    " returns the row at its new version, or the current row and why",
+    "apply": "HMGET v, s; decide; the same-answer EVALSHA",
+    "many": "one pipeline of the same-answer EVALSHA per item",
+    "fenced": "EVALSHA: the lease check, fence, version (refused: the row and why);"
+    " ZADD NX; HSET v+1, state, fence",
+}
+
 LUA: Final = "1-trip Lua"
 LOCK: Final = "redis-py Lock"
 
@@ -124,8 +192,15 @@ class RedisHand:
                 ("fenced", FENCED_LUA),
                 ("acquire", ACQUIRE_LUA),
                 ("renew", RENEW_LUA),
+                ("answer", ANSWER_LUA),
+                ("answer_table", ANSWER_TABLE_LUA),
+                ("answer_fenced", ANSWER_FENCED_LUA),
             )
         }
+        pipe = client.pipeline(transaction=False)
+        for k in range(2 * KEYS + 1, ANSWER_ROWS + 1):  # the same-answer side's table rows
+            pipe.hset(f"{prefix}orders:{k}", mapping={"version": 1, "status": "new", "total": 0})
+        pipe.execute()
 
     def close(self) -> None:
         self.r.close()
@@ -309,6 +384,85 @@ class RedisHand:
             " version; ZADD NX applied; HSET v+1, state, fence"
         )
         return [Side(LUA, method, prepare)]
+
+    # -- the same answer as fencing's (see _answer) ----------------------------------------
+    answer_methods = REDIS_ANSWERS
+
+    def answer_records(self, collection: str, keys: Sequence[str]) -> None:
+        self.create_records(collection, keys)
+
+    @staticmethod
+    def _answer(reply: Any, state: dict[str, Any]) -> Answer:
+        kind = _KINDS[int(reply[0])]
+        if kind == "missing":
+            return (kind, 0, {})
+        if kind == "committed":
+            return (kind, int(reply[1]), state)
+        return (kind, int(reply[1]), json.loads(reply[2]))
+
+    def answer_commit(
+        self, collection: str, key: str, version: int, state: dict[str, Any], intent_id: str
+    ) -> Answer:
+        rec, applied = self.rec(collection, key)
+        reply = self.r.evalsha(
+            self.sha["answer"], 2, rec, applied, version, json.dumps(state), intent_id
+        )
+        return self._answer(reply, state)
+
+    def answer_read(self, collection: str, key: str) -> tuple[int, dict[str, Any]]:
+        v, s = self.r.hmget(self.rec(collection, key)[0], "v", "s")
+        one_check(v is not None, f"read of {key}")
+        return int(v), json.loads(s)
+
+    def answer_table(
+        self, key: int, version: int, status: str, total: int, intent_id: str
+    ) -> Answer:
+        row, applied = f"{self.prefix}orders:{key}", f"{self.prefix}{{orders:{key}}}:applied"
+        reply = self.r.evalsha(
+            self.sha["answer_table"], 2, row, applied, version, status, total, intent_id
+        )
+        kind = _KINDS[int(reply[0])]
+        if kind == "missing":
+            return (kind, 0, {})
+        # Redis keeps strings and no absent field: the row as fencing's table reads it
+        values = {"status": reply[2].decode(), "total": reply[3].decode()}
+        if len(reply) > 4 and reply[4] is not None:
+            values["note"] = reply[4].decode()
+        return (kind, int(reply[1]), values)
+
+    def answer_fenced(
+        self,
+        collection: str,
+        key: str,
+        version: int,
+        state: dict[str, Any],
+        intent_id: str,
+        lease_name: str,
+        token: int,
+    ) -> Answer:
+        rec, applied = self.rec(collection, key)
+        reply = self.r.evalsha(
+            self.sha["answer_fenced"],
+            3,
+            rec,
+            applied,
+            self.lease(lease_name),
+            version,
+            json.dumps(state),
+            intent_id,
+            token,
+        )
+        return self._answer(reply, state)
+
+    def answer_many(
+        self, collection: str, items: Sequence[tuple[str, str, int, dict[str, Any]]]
+    ) -> list[Answer]:
+        pipe, sha = self.r.pipeline(transaction=False), self.sha["answer"]
+        for intent_id, key, version, state in items:
+            rec, applied = self.rec(collection, key)
+            pipe.evalsha(sha, 2, rec, applied, version, json.dumps(state), intent_id)
+        replies = pipe.execute()
+        return [self._answer(reply, item[3]) for reply, item in zip(replies, items, strict=True)]
 
     def lease_cycle(self, lease_name: str) -> list[Side]:
         method = "one EVALSHA each: HINCRBY token if free; HSET exp if this token holds it"

@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["group_rows", "print_rich", "to_json", "to_markdown"]
+__all__ = ["group_rows", "modes_markdown", "print_rich", "to_json", "to_markdown"]
 
 Row = dict[str, Any]
 
@@ -192,3 +192,78 @@ def to_markdown(rows: Sequence[Row], *, quick: bool = False) -> str:
 
 def to_json(rows: Sequence[Row]) -> str:
     return json.dumps(list(rows), indent=2, sort_keys=True)
+
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def modes_markdown(rows: Sequence[Row]) -> str:
+    """Markdown for ``--contention``, ``--server-cost`` and ``--scale`` rows."""
+    out: list[str] = []
+    cont = [r for r in rows if r["kind"] == "contention"]
+    if cont:
+        out += [
+            "| store | workers | keys, decide | fencing ops/s | baseline | baseline ops/s"
+            " | goodput ratio | client CPU µs/op fencing / baseline | fencing gave up |",
+            "|---|---|---|---:|---|---:|---:|---:|---:|",
+        ]
+        for r in cont:
+            calls = r["fencing_completed"] + r["fencing_gave_up"]
+            out.append(
+                f"| {r['store']} | {r['setting']} | {r['operation']} | {_n(r['fencing_goodput'])}"
+                f" | {r['baseline']} | {_n(r['baseline_goodput'])} | {r['goodput_ratio']:.2f}x"
+                f" | {_n(r['fencing_cpu_us_per_op'])} / {_n(r['baseline_cpu_us_per_op'])}"
+                f" | {r['fencing_gave_up']:,.0f} of {calls:,.0f} |"
+            )
+        out.append("")
+    single = [r for r in rows if r["kind"] == "single"]
+    if single:
+        out += ["| one call at a time | wall µs/op | client CPU µs/op |", "|---|---:|---:|"]
+        for r in single:
+            out.append(
+                f"| {r['operation']} | {_n(r['wall_us_per_op'])} | {_n(r['cpu_us_per_op'])} |"
+            )
+        out.append("")
+    server = [r for r in rows if r["kind"] == "server"]
+    if server:
+        out += [
+            "| store | measured | fencing | same answer | ratio | wall µs fencing / same answer |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for r in server:
+            out.append(
+                f"| {r['store']} | {r['setting']} | {r['fencing_server_us']:.1f}"
+                f" | {r['baseline_server_us']:.1f} | {r['ratio']:.2f}x"
+                f" | {_n(r['fencing_wall_us'])} / {_n(r['baseline_wall_us'])} |"
+            )
+        out.append("")
+    scale = [r for r in rows if r["kind"] == "scale"]
+    if scale:
+        out += [
+            "| store | records = applied ids | commit p50 µs | p99 µs |",
+            "|---|---:|---:|---:|",
+        ]
+        for r in scale:
+            out.append(
+                f"| {r['store']} | {r['records']:,} | {_n(r['p50_us'])} | {_n(r['p99_us'])} |"
+            )
+        out.append("")
+    for r in rows:
+        if r["kind"] == "prune":
+            during = (
+                f"p50 {_n(r['during_p50_us'])} µs, p99 {_n(r['during_p99_us'])} µs,"
+                f" max {_n(r['during_max_us'])} µs"
+                if "during_p50_us" in r
+                else "none completed"
+            )
+            out.append(
+                f"- {r['store']}: prune() of {r['applied']:,} applied ids removed"
+                f" {r['removed']:,} rows in {r['prune_s']:.2f} s; {r['commits_during']} commits"
+                f" meanwhile ({during}) against p50 {_n(r['before_p50_us'])} µs,"
+                f" p99 {_n(r['before_p99_us'])} µs just before"
+            )
+    for r in rows:
+        if r["kind"] == "skipped":
+            out.append(f"- skipped ({r['store']}, {r['operation']}): {r['reason']}")
+    return "\n".join(out) + "\n"

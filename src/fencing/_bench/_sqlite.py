@@ -24,7 +24,9 @@ import fencing
 
 from .._url import StoreURL
 from ..backends.sqlite import SQLiteBackend
+from ._answer import Answer
 from ._common import (
+    ANSWER_ROWS,
     KEYS,
     START,
     USING_OPERATION,
@@ -116,10 +118,37 @@ RELEASE: Final = (
     " WHERE name = ? AND token = ? AND owner IS NOT NULL AND expires_at > ?"
 )
 
+# The same-answer baseline: the row at its new version from RETURNING; on refusal the
+# current row and whether the intent id was applied (duplicate) or not (stale).
+UPDATE_RECORD_RETURNING: Final = UPDATE_RECORD + " RETURNING version"
+UPDATE_FENCED_RETURNING: Final = UPDATE_RECORD_FENCED + " RETURNING version"
+UPDATE_ORDER_RETURNING: Final = UPDATE_ORDER + " RETURNING version, status, total, note"
+REFUSED_RECORD: Final = (
+    "SELECT version, state, EXISTS (SELECT 1 FROM fencing_bench_applied"
+    " WHERE scope = ? AND intent_id = ?) FROM fencing_bench_records"
+    " WHERE collection = ? AND key = ?"
+)
+REFUSED_ORDER: Final = (
+    "SELECT version, status, total, note, EXISTS (SELECT 1 FROM fencing_bench_applied"
+    " WHERE scope = ? AND intent_id = ?) FROM fencing_bench_orders WHERE id = ?"
+)
+
 COMMIT_METHOD: Final = (
     "BEGIN IMMEDIATE; UPDATE records SET state=json.dumps(state), version=version+1"
     " WHERE key=? AND version=?; INSERT applied (primary key); COMMIT"
 )
+
+SQLITE_ANSWERS: Final = {
+    "commit": "BEGIN IMMEDIATE; UPDATE ... AND version=? RETURNING version; INSERT applied;"
+    " COMMIT (refused: SELECT version, state, EXISTS applied id)",
+    "table": "BEGIN IMMEDIATE; UPDATE orders ... RETURNING version, status, total, note;"
+    " INSERT applied; COMMIT",
+    "apply": "SELECT version, state; decide; the same-answer commit",
+    "many": "BEGIN IMMEDIATE; per item UPDATE ... RETURNING version; INSERT applied"
+    " (refused: SELECT the row, EXISTS applied); COMMIT",
+    "fenced": "BEGIN IMMEDIATE; UPDATE ... fence, lease EXISTS ... RETURNING version;"
+    " INSERT applied; COMMIT",
+}
 
 
 class SQLiteHand:
@@ -141,7 +170,8 @@ class SQLiteHand:
         self.conn.executescript(BASELINE_SCHEMA)
         self.conn.execute(ORDERS_DDL.format(name="fencing_bench_orders"))
         self.conn.executemany(
-            ORDERS_ROWS.format(name="fencing_bench_orders"), [(k,) for k in range(1, KEYS + 1)]
+            ORDERS_ROWS.format(name="fencing_bench_orders"),
+            [(k,) for k in range(1, ANSWER_ROWS + 1)],
         )
 
     def close(self) -> None:
@@ -327,6 +357,109 @@ class SQLiteHand:
             " COMMIT"
         )
         return [Side("hand-written", method, prepare)]
+
+    # -- the same answer as fencing's (see _answer) ----------------------------------------
+    answer_methods = SQLITE_ANSWERS
+
+    def answer_records(self, collection: str, keys: Sequence[str]) -> None:
+        self.create_records(collection, keys)
+
+    def _refused(self, scope: str, intent_id: str, collection: str, key: str) -> Answer:
+        row = self.conn.execute(REFUSED_RECORD, (scope, intent_id, collection, key)).fetchone()
+        if row is None:
+            return ("missing", 0, {})
+        return ("duplicate" if row[2] else "stale", row[0], json.loads(row[1]))
+
+    def _answer_write(self, body: Callable[[Any, float], Answer]) -> Answer:
+        execute = self.conn.execute
+        execute("BEGIN IMMEDIATE")
+        try:
+            answer = body(execute, time.time())
+        except BaseException:
+            execute("ROLLBACK")
+            raise
+        execute("COMMIT")
+        return answer
+
+    def answer_commit(
+        self, collection: str, key: str, version: int, state: dict[str, Any], intent_id: str
+    ) -> Answer:
+        scope = f"c:{collection}"
+
+        def body(execute: Any, now: float) -> Answer:
+            args = (json.dumps(state), now, collection, key, version)
+            row = execute(UPDATE_RECORD_RETURNING, args).fetchone()
+            if row is None:
+                return self._refused(scope, intent_id, collection, key)
+            execute(INSERT_APPLIED, (scope, intent_id, key, now))
+            return ("committed", row[0], state)
+
+        return self._answer_write(body)
+
+    def answer_read(self, collection: str, key: str) -> tuple[int, dict[str, Any]]:
+        row = self.conn.execute(READ_RECORD, (collection, key)).fetchone()
+        one_check(row is not None, f"read of {key}")
+        return row[0], json.loads(row[1])
+
+    def answer_table(
+        self, key: int, version: int, status: str, total: int, intent_id: str
+    ) -> Answer:
+        scope = "t:fencing_bench_orders"
+
+        def body(execute: Any, now: float) -> Answer:
+            row = execute(UPDATE_ORDER_RETURNING, (status, total, key, version)).fetchone()
+            if row is None:
+                got = execute(REFUSED_ORDER, (scope, intent_id, key)).fetchone()
+                if got is None:
+                    return ("missing", 0, {})
+                kind = "duplicate" if got[4] else "stale"
+                return (kind, got[0], {"status": got[1], "total": got[2], "note": got[3]})
+            execute(INSERT_APPLIED, (scope, intent_id, key, now))
+            return ("committed", row[0], {"status": row[1], "total": row[2], "note": row[3]})
+
+        return self._answer_write(body)
+
+    def answer_fenced(
+        self,
+        collection: str,
+        key: str,
+        version: int,
+        state: dict[str, Any],
+        intent_id: str,
+        lease_name: str,
+        token: int,
+    ) -> Answer:
+        scope = f"c:{collection}"
+
+        def body(execute: Any, now: float) -> Answer:
+            args = (json.dumps(state), token, now, collection, key, version, token)
+            row = execute(UPDATE_FENCED_RETURNING, (*args, lease_name, token, now)).fetchone()
+            if row is None:  # fenced or stale: the bench measures the success path only
+                return self._refused(scope, intent_id, collection, key)
+            execute(INSERT_APPLIED, (scope, intent_id, key, now))
+            return ("committed", row[0], state)
+
+        return self._answer_write(body)
+
+    def answer_many(
+        self, collection: str, items: Sequence[tuple[str, str, int, dict[str, Any]]]
+    ) -> list[Answer]:
+        scope = f"c:{collection}"
+
+        def body(execute: Any, now: float) -> Answer:
+            for intent_id, key, version, state in items:
+                args = (json.dumps(state), now, collection, key, version)
+                row = execute(UPDATE_RECORD_RETURNING, args).fetchone()
+                if row is None:
+                    out.append(self._refused(scope, intent_id, collection, key))
+                else:
+                    execute(INSERT_APPLIED, (scope, intent_id, key, now))
+                    out.append(("committed", row[0], state))
+            return ("committed", 0, {})
+
+        out: list[Answer] = []
+        self._answer_write(body)
+        return out
 
     def lease_cycle(self, lease_name: str) -> list[Side]:
         method = (
