@@ -733,7 +733,10 @@ def test_a_table_batch_is_one_statement(api: str) -> None:
                     outs = table.commit_many(items, lease=lease)
                 assert [o.kind for o in outs] == ["committed"] * 3
                 fenced += t
-                items = [(table.intent(1, "m"), {"total": n}), (table.intent(2, "m"), {"note": "x"})]
+                items = [
+                    (table.intent(1, "m"), {"total": n}),
+                    (table.intent(2, "m"), {"note": "x"}),
+                ]
                 with traced(pgconn) as t:
                     outs = table.commit_many(items)
                 assert [o.kind for o in outs] == ["committed"] * 2
