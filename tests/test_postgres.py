@@ -612,10 +612,11 @@ def test_commit_is_one_statement_and_one_round_trip(api: str) -> None:
                 store.acquire("orders/o-1", owner="w", ttl=60).release()
         for traffic in (plain, guarded, fenced, rows, leases):
             _each_once(traffic)
-        # a batch: its locks (tombstones made, then shared; records; the lease when
-        # fenced), then one statement for the whole batch, or one per item: one round trip
-        _each_once(batches, statements=4)
-        _each_once(fenced_batches, statements=5)
+        # a batch of distinct keys: one statement (it takes its locks itself); a key
+        # twice: the locks (tombstones made, then shared; records; the lease when fenced),
+        # then one statement per item: one round trip
+        _each_once(batches)
+        _each_once(fenced_batches)
         _each_once(repeated, statements=5)
         assert t[0].statements == 1 and t[0].round_trips == 1
         assert t2[0].statements == 2 and t2[0].round_trips == 2  # acquire, then release
@@ -857,6 +858,55 @@ def test_a_table_batch_sees_a_row_changed_while_it_waited(pg: Setup, api: str) -
         assert outs[0].record.version == 3 and outs[0].record.state["status"] == "moved"
         assert outs[2].current.version == 2 and outs[2].current.state["status"] == "moved"
         assert [table.get(k).version for k in (1, 2, 3)] == [3, 2, 2]
+
+
+def test_a_batch_sees_rows_changed_or_made_while_it_waited(pg: Setup, api: str) -> None:
+    """A collection's batch statement takes its locks itself, after its snapshot: a
+    record another session changed (version 1 -> 2), and a record another session
+    created (its tombstone and row), each committed while the batch waited for them,
+    are what the batch judges against: its items decided against them apply, and an
+    item decided against the version before is stale against the new one."""
+    with opened(pg.url, api) as store:
+        orders = store.collection("orders")
+        for key in ("k1", "k2", "k3"):
+            orders.create(key, {"n": 0})
+        on_new = Intent.new("orders", "k1", 2, "x")
+        on_old = orders.intent("k3", "x")
+        made = Intent.new("orders", "late", 1, "x")
+        with session(pg.schema) as other:
+            other.execute("BEGIN")
+            for key in ("k1", "k3"):
+                other.execute(
+                    "UPDATE fencing_records SET version = 2, state = '{\"n\": 5}'"
+                    " WHERE collection = 'orders' AND key = %s",
+                    (key,),
+                )
+            items = [(on_new, {"n": 1}), (orders.intent("k2", "x"), {"n": 2}), (on_old, {"n": 3})]
+            pending = in_thread(orders.commit_many, items)
+            lock_waiters(pg.app, 1)
+            other.execute("COMMIT")
+            outs = pending.result(timeout=WAIT)
+            assert [o.kind for o in outs] == ["committed", "committed", "stale"]
+            assert outs[0].record.version == 3
+            assert outs[2].current.version == 2 and outs[2].current.state["n"] == 5
+            other.execute("BEGIN")
+            other.execute(
+                "INSERT INTO fencing_tombstones (collection, key, version)"
+                " VALUES ('orders', 'late', 0)"
+            )
+            other.execute(
+                "INSERT INTO fencing_records (collection, key, version, fence, state, updated_at)"
+                " VALUES ('orders', 'late', 1, 0, '{\"n\": 7}', 0)"
+            )
+            pending = in_thread(
+                orders.commit_many, [(made, {"n": 8}), (orders.intent("k2", "y"), {"n": 9})]
+            )
+            lock_waiters(pg.app, 1)
+            other.execute("COMMIT")
+            outs = pending.result(timeout=WAIT)
+            assert [o.kind for o in outs] == ["committed", "committed"]
+        assert orders.get("late").version == 2 and orders.get("late").state["n"] == 8
+        assert [orders.get(k).version for k in ("k1", "k2", "k3")] == [3, 3, 2]
 
 
 def test_a_batch_that_repeats_a_key_sees_its_earlier_items(pg: Setup, api: str) -> None:
