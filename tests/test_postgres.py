@@ -612,11 +612,10 @@ def test_commit_is_one_statement_and_one_round_trip(api: str) -> None:
                 store.acquire("orders/o-1", owner="w", ttl=60).release()
         for traffic in (plain, guarded, fenced, rows, leases):
             _each_once(traffic)
-        # a batch of distinct keys: one statement (it takes its locks itself); a key
-        # twice: the locks (tombstones made, then shared; records; the lease when fenced),
-        # then one statement per item: one round trip
-        _each_once(batches)
-        _each_once(fenced_batches)
+        # a batch: its locks (tombstones made, then shared; records; the lease when
+        # fenced), then one statement for the whole batch, or one per item: one round trip
+        _each_once(batches, statements=4)
+        _each_once(fenced_batches, statements=5)
         _each_once(repeated, statements=5)
         assert t[0].statements == 1 and t[0].round_trips == 1
         assert t2[0].statements == 2 and t2[0].round_trips == 2  # acquire, then release
@@ -861,10 +860,9 @@ def test_a_table_batch_sees_a_row_changed_while_it_waited(pg: Setup, api: str) -
 
 
 def test_a_batch_sees_rows_changed_or_made_while_it_waited(pg: Setup, api: str) -> None:
-    """A collection's batch statement takes its locks itself, after its snapshot: a
-    record another session changed (version 1 -> 2), and a record another session
-    created (its tombstone and row), each committed while the batch waited for them,
-    are what the batch judges against: its items decided against them apply, and an
+    """A record another session changed (version 1 -> 2), and a record another session
+    created (its tombstone and row), each committed while the batch waited for its
+    locks, are what the batch judges against: its items decided against them apply, and an
     item decided against the version before is stale against the new one."""
     with opened(pg.url, api) as store:
         orders = store.collection("orders")

@@ -367,26 +367,11 @@ class PostgresFlows(EffectFlows, PostgresOutboxFlows):
         if batch is None:
             return (yield from _one_by_one(requests, locks))
         query, order = batch
-        fenced = requests[0].lease is not None
-        alone = Query(
-            sql.collection_batch(fenced, locking=True),
-            {**query.params, "keys": [requests[i].intent.key for i in order]},
-        )
-        rows: list[tuple[Any, ...]] | None = None
-        try:  # the statement alone: it takes the locks itself
-            found: Answer = yield alone
-        except (Retry, Deadlock):
-            pass
-        else:
-            if not found.rows[0][0]:  # nothing moved: the answer holds
-                rows = [row[1:] for row in found.rows]
-        if rows is None:  # a row moved, or it rolled back: after the lock statements
-            answers = yield from _run_batch(Pipeline((*locks, query)))
-            rows = answers[-1].rows
+        answers = yield from _run_batch(Pipeline((*locks, query)))
         # one row per item, in the statement's (key) order: back to the caller's
         by_item = {
             i: _commit_result(requests[i], Answer((), [row], 1))
-            for i, row in zip(order, rows, strict=True)
+            for i, row in zip(order, answers[-1].rows, strict=True)
         }
         return [by_item[i] for i in range(len(requests))]
 

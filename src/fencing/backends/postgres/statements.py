@@ -236,8 +236,8 @@ def collection_commit(guarded: bool, fenced: bool) -> str:
     )
 
 
-@lru_cache(maxsize=4)
-def collection_batch(fenced: bool, locking: bool = False) -> str:
+@lru_cache(maxsize=2)
+def collection_batch(fenced: bool) -> str:
     """A whole batch of commits to one collection in ONE statement (distinct keys).
 
     The items come as one JSON array of objects (``json_to_recordset ... WITH
@@ -250,15 +250,6 @@ def collection_batch(fenced: bool, locking: bool = False) -> str:
     the layout of a single commit's: the new version and fence when applied, else
     the record as the statement's snapshot saw it (a lateral primary-key lookup,
     only for the items not applied) and the lease row.
-
-    ``locking``: the statement first takes the locks the lock statements take
-    (``BATCH_KEYS_NEW``...: the keys' tombstones, made if missing and shared; the
-    records, exclusive; in key order, each the newest row version after any wait)
-    and compares the rows it locked with its snapshot's (``fencing_check``): the
-    same row versions mean nothing changed them after the snapshot was taken, so
-    every outcome holds until the batch commits. A row changed meanwhile
-    (``moved``, the answer's first column) makes the UPDATE write nothing, and the
-    flow runs the batch again after the lock statements.
     """
     sets = ["state = i.s", "version = r.version + 1", f"updated_at = {NOW}"]
     where = [
@@ -275,58 +266,20 @@ def collection_batch(fenced: bool, locking: bool = False) -> str:
         where += ["r.fence <= %(token)s::bigint", LEASE_LIVE]
         lease_cols = "l.owner, l.token, l.expires_at"
         lease_join = " LEFT JOIN fencing_leases l ON l.name = %(lease)s"
-    locks, moved = "", ""
-    if locking:
-        where.append("NOT (SELECT moved FROM fencing_check)")
-        keys = "collection = %(name)s AND key = ANY(%(keys)s::text[])"
-        lease_lock = lease_moved = ""
-        if fenced:
-            lease_lock = (
-                " fencing_lease_lock AS MATERIALIZED (SELECT ctid AS c FROM fencing_leases"
-                " WHERE name = %(lease)s AND (SELECT count(*) FROM fencing_lock) >= 0"
-                " FOR KEY SHARE),"
-            )
-            lease_moved = (
-                " OR (SELECT ctid FROM fencing_leases WHERE name = %(lease)s)"
-                " IS DISTINCT FROM (SELECT c FROM fencing_lease_lock)"
-            )
-        locks = (
-            "fencing_keys_new AS (INSERT INTO fencing_tombstones (collection, key, version)"
-            " SELECT %(name)s, k, 0 FROM unnest(%(keys)s::text[]) AS k ORDER BY k"
-            " ON CONFLICT (collection, key) DO NOTHING RETURNING key AS k),"
-            " fencing_keys_lock AS MATERIALIZED (SELECT key AS k, ctid AS c"
-            f" FROM fencing_tombstones WHERE {keys}"
-            " AND (SELECT count(*) FROM fencing_keys_new) >= 0 ORDER BY key FOR SHARE),"
-            " fencing_lock AS MATERIALIZED (SELECT key AS k, ctid AS c FROM fencing_records"
-            f" WHERE {keys} AND (SELECT count(*) FROM fencing_keys_lock) >= 0"
-            f" ORDER BY key FOR UPDATE),{lease_lock}"
-            # a record, tombstone or lease row changed after the snapshot, or a key's
-            # tombstone made meanwhile by another (neither in the snapshot nor made here)
-            " fencing_check AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM (SELECT key AS k,"
-            f" ctid AS c FROM fencing_records WHERE {keys}) AS s FULL JOIN fencing_lock l"
-            " ON l.k = s.k WHERE s.c IS DISTINCT FROM l.c) OR EXISTS (SELECT 1 FROM"
-            f" (SELECT key AS k, ctid AS c FROM fencing_tombstones WHERE {keys}) AS s"
-            " JOIN fencing_keys_lock l ON l.k = s.k WHERE s.c <> l.c) OR EXISTS (SELECT 1"
-            " FROM unnest(%(keys)s::text[]) AS u (k) WHERE NOT EXISTS (SELECT 1 FROM"
-            " fencing_keys_lock l WHERE l.k = u.k) AND NOT EXISTS (SELECT 1 FROM"
-            f" fencing_keys_new n WHERE n.k = u.k)){lease_moved} AS moved),"
-        )
-        moved = "(SELECT moved FROM fencing_check), "
     return (
-        f"WITH {locks}fencing_item AS MATERIALIZED (SELECT i.*, s.seen IS NOT NULL AS seen"
+        "WITH fencing_item AS MATERIALIZED (SELECT i.*, s.seen IS NOT NULL AS seen"
         " FROM ROWS FROM (json_to_recordset(%(items)s::json)"
         " AS (k text, j text, i text, v bigint, s jsonb, g jsonb))"
         " WITH ORDINALITY AS i(k, j, i, v, s, g, n)"
         " LEFT JOIN LATERAL (SELECT true AS seen FROM fencing_applied a"
-        " WHERE a.scope = %(scope)s AND a.intent_id = i.i AND a.key = i.j LIMIT 1) AS s ON true"
-        "),"
+        " WHERE a.scope = %(scope)s AND a.intent_id = i.i AND a.key = i.j LIMIT 1) AS s ON true),"
         f" fencing_upd AS (UPDATE fencing_records AS r SET {', '.join(sets)}"
         f" FROM fencing_item i WHERE {' AND '.join(where)}"
         " RETURNING i.n, i.i, i.j, r.version, r.fence),"
         " fencing_claim AS (INSERT INTO fencing_applied (scope, intent_id, key, applied_at)"
         f" SELECT %(scope)s, u.i, u.j, {NOW} FROM fencing_upd u)"
-        f" SELECT {moved}u.n IS NOT NULL, i.seen, coalesce(u.fence, r.fence), {lease_cols},"
-        f" {NOW}, coalesce(u.version, r.version), r.state"
+        f" SELECT u.n IS NOT NULL, i.seen, coalesce(u.fence, r.fence), {lease_cols}, {NOW},"
+        " coalesce(u.version, r.version), r.state"
         " FROM fencing_item i LEFT JOIN fencing_upd u ON u.n = i.n"
         " LEFT JOIN LATERAL (SELECT r.fence, r.version, r.state FROM fencing_records r"
         " WHERE u.n IS NULL AND r.collection = %(name)s AND r.key = i.k LIMIT 1) AS r ON true"
