@@ -162,6 +162,45 @@ def test_apply_recompute_decides_against_current(store: Any) -> None:
     assert out.intent is not None and out.intent.root_id == old.id
 
 
+def test_apply_recompute_decides_from_the_refusal_without_reading_again(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit refused as stale carries the current record, and ``Recompute`` decides
+    again from it: one probe, then one commit per decide, and no other read of the
+    store (its backend's calls counted; the rival's commit inside ``decide`` aside)."""
+    backend = store.backend
+    calls: list[str] = []
+    counting = True
+    for name in ("read", "probe", "commit", "commit_many"):
+        original = getattr(type(backend), name)
+
+        def counted(self: Any, *args: Any, _name: str = name, _of: Any = original) -> Any:
+            if counting:
+                calls.append(_name)
+            return _of(self, *args)
+
+        monkeypatch.setattr(type(backend), name, counted)
+    orders = store.collection("orders")
+    orders.create("o-1", {"n": 1})
+    seen: list[tuple[int, int]] = []
+
+    def decide(rec: fencing.Record) -> dict[str, Any]:
+        nonlocal counting
+        seen.append((rec.version, rec.state["n"]))
+        if len(seen) == 1:  # a rival commits between this decide and its commit
+            counting = False
+            assert orders.commit(orders.intent("o-1", "rival"), {"n": 10}).committed
+            counting = True
+        return {"n": rec.state["n"] + 1}
+
+    intent = orders.intent("o-1", "inc")
+    calls.clear()
+    out = orders.apply(intent, decide, on_stale=Recompute(backoff=0))
+    assert isinstance(out, Committed) and out.record.state["n"] == 11
+    assert seen == [(1, 1), (2, 10)]  # the second decide: the refusal's record
+    assert calls == ["probe", "commit", "commit"]
+
+
 def test_apply_recompute_ends_contended_and_bounds_decides(store: Any) -> None:
     orders = store.collection("orders")
     orders.create("o-1", {"n": 0})

@@ -708,6 +708,205 @@ def test_a_batch_statement_judges_each_item_on_its_own(pg: Setup, api: str) -> N
         assert orders.get("a").state["n"] == 11
 
 
+# -- (e2) a guarded table's batch in one statement ------------------------------------------
+def test_a_table_batch_is_one_statement(api: str) -> None:
+    """A guarded table's batch of distinct keys, one shape: ONE statement, one round
+    trip, with or without a lease; a key twice (or items of different shapes): the
+    locks, then one statement per item, still one round trip."""
+    setup = new_setup(min_size="1", max_size="1")
+    try:
+        with opened(setup.url, api) as store:
+            rows = [{"id": i, "status": "new", "total": 0} for i in (1, 2, 3)]
+            create_table(store, "orders_t", "id", "version", TABLE_COLUMNS, rows)
+            table = store.table("orders_t")
+            lease = store.acquire("orders/t", owner="w", ttl=60)
+            pgconn = pgconn_of(store)
+            plain, fenced, mixed = [], [], []
+            for n in range(7):
+                items = [(table.intent(k, "b"), {"total": n, "status": "s"}) for k in (1, 2, 3)]
+                with traced(pgconn) as t:
+                    outs = table.commit_many(items)
+                assert [o.kind for o in outs] == ["committed"] * 3
+                plain += t
+                items = [(table.intent(k, "f"), {"total": n}) for k in (1, 2, 3)]
+                with traced(pgconn) as t:
+                    outs = table.commit_many(items, lease=lease)
+                assert [o.kind for o in outs] == ["committed"] * 3
+                fenced += t
+                items = [
+                    (table.intent(1, "m"), {"total": n}),
+                    (table.intent(2, "m"), {"note": "x"}),
+                ]
+                with traced(pgconn) as t:
+                    outs = table.commit_many(items)
+                assert [o.kind for o in outs] == ["committed"] * 2
+                mixed += t
+        _each_once(plain)
+        _each_once(fenced)
+        _each_once(mixed, statements=3)  # the rows' lock, then one per item
+    finally:
+        cleanup(setup.url)
+
+
+def test_a_table_batch_judges_each_item_on_its_own(pg: Setup, api: str) -> None:
+    """One statement, one outcome per item in the caller's order: applied, duplicate,
+    stale (version, and guard), missing and fenced side by side; each refused item
+    reports the row as it is, and only the applied ones wrote."""
+    with opened(pg.url, api) as store:
+        rows = [{"id": i, "status": "new", "total": 0} for i in range(1, 7)]
+        create_table(store, "orders_t", "id", "version", TABLE_COLUMNS, rows)
+        table = store.table("orders_t")
+        old = store.acquire("zombie", owner="z", ttl=60)
+        store.acquire("fresh", owner="n", ttl=60).release()
+        new = store.acquire("fresh", owner="n", ttl=60)
+        dup = table.intent(2, "ship")
+        assert table.commit(dup, {"status": "shipped", "total": 1}).committed
+        stale = table.intent(3, "ship")
+        assert table.commit(table.intent(3, "other"), {"status": "held", "total": 7}).committed
+        guarded = table.intent(4, "ship", guard={"status": "packed"})
+        assert table.commit(table.intent(5, "x"), {"total": 5}, lease=new).committed
+        fenced = table.intent(5, "ship")
+        gone = Intent.new("orders_t", 9, 1, "ship", kind="table")
+        applied = table.intent(1, "ship")
+        items = [
+            (fenced, {"total": 10}),
+            (applied, {"total": 11}),
+            (stale, {"total": 12}),
+            (gone, {"total": 13}),
+            (dup, {"total": 14}),
+            (guarded, {"total": 15}),
+        ]
+        outs = table.commit_many(items, lease=old)
+        kinds = ["fenced", "committed", "stale", "missing", "duplicate", "stale"]
+        assert [o.kind for o in outs] == kinds
+        assert outs[0].reason is FenceReason.NEWER_OWNER
+        assert outs[0].current.fence == new.token and outs[0].current.state["total"] == 5
+        assert outs[1].record.version == 2 and outs[1].record.fence == old.token
+        assert outs[1].record.state["total"] == 11 and outs[1].record.state["status"] == "new"
+        assert outs[2].current.version == 2 and outs[2].current.state["status"] == "held"
+        assert outs[4].record.version == 2 and outs[4].record.state["total"] == 1
+        assert outs[5].current.version == 1 and outs[5].current.state["status"] == "new"
+        assert [table.get(k).version for k in (1, 2, 3, 4, 5)] == [2, 2, 2, 1, 2]
+        assert table.get(1).state["total"] == 11 and table.get(5).state["total"] == 5
+        again = [  # the same shapes without a lease
+            (table.intent(4, "ship", guard={"status": "new"}), {"total": 20}),
+            (applied, {"total": 99}),  # applied above: a duplicate now
+            (stale, {"total": 99}),
+            (gone, {"total": 99}),
+        ]
+        outs = table.commit_many(again)
+        assert [o.kind for o in outs] == ["committed", "duplicate", "stale", "missing"]
+        assert table.get(4).state["total"] == 20 and table.get(1).state["total"] == 11
+        # guard-only intents (a table without versions): only the claim tells a duplicate
+        create_table(store, "plain_t", "id", None, TABLE_COLUMNS, rows)
+        plain = store.table("plain_t", version=None)
+        repeat = Intent.new("plain_t", 6, None, "g", guard={"status": "new"}, kind="table")
+        assert plain.commit(repeat, {"total": 6}).committed
+        other = Intent.new("plain_t", 3, None, "g", guard={"status": "new"}, kind="table")
+        outs = plain.commit_many([(repeat, {"total": 60}), (other, {"total": 30})])
+        assert [o.kind for o in outs] == ["duplicate", "committed"]
+        assert plain.get(6).state["total"] == 6 and plain.get(3).state["total"] == 30
+
+
+def test_a_table_batch_writes_what_single_commits_write(pg: Setup, api: str) -> None:
+    """The batch statement reads its values as a single commit's parameters are read;
+    a table with a jsonb column (where JSON text would read otherwise) and values
+    beyond strings, integers and booleans take the per-item statements: the same rows
+    as one commit at a time, in each case."""
+    columns = {"doc": "JSONB", "amount": "NUMERIC", "label": "TEXT"}
+    with opened(pg.url, api) as store:
+        rows = [{"id": i} for i in (1, 2, 3, 4)]
+        create_table(store, "docs_t", "id", "version", columns, rows)
+        create_table(store, "nums_t", "id", "version", {"amount": "NUMERIC"}, rows)
+        docs, nums = store.table("docs_t"), store.table("nums_t")
+        for table, states in (
+            (docs, [{"doc": '{"a": 1}', "label": 5}, {"doc": "[1, 2]", "label": True}]),
+            (nums, [{"amount": 0.1 + 0.2}, {"amount": 7}]),
+        ):
+            for key, state in zip((1, 2), states, strict=True):
+                assert table.commit(table.intent(key, "one"), state).committed
+            items = [(table.intent(k, "many"), st) for k, st in zip((3, 4), states, strict=True)]
+            assert [o.kind for o in table.commit_many(items)] == ["committed"] * 2
+            assert [dict(table.get(k).state) for k in (3, 4)] == [
+                dict(table.get(k).state) for k in (1, 2)
+            ]
+
+
+def test_a_table_batch_sees_a_row_changed_while_it_waited(pg: Setup, api: str) -> None:
+    """Another session changes row 1 (version 1 -> 2) and holds it; the batch, whose
+    snapshot still shows version 1, waits for that row. Once the other commits, every
+    outcome the batch reports must hold at its own commit: its item decided against
+    version 2 applies (not a refusal showing the row its snapshot saw), and the item
+    decided against version 1 is stale against version 2; row 2 applies once."""
+    with opened(pg.url, api) as store:
+        rows = [{"id": i, "status": "new", "total": 0} for i in (1, 2, 3)]
+        create_table(store, "orders_t", "id", "version", TABLE_COLUMNS, rows)
+        table = store.table("orders_t")
+        on_new = Intent.new("orders_t", 1, 2, "ship", kind="table")
+        on_old = table.intent(3, "ship")
+        items = [(on_new, {"total": 1}), (table.intent(2, "ship"), {"total": 2})]
+        with session(pg.schema) as other:
+            other.execute("BEGIN")
+            other.execute("UPDATE orders_t SET version = 2, status = 'moved' WHERE id = 1")
+            other.execute("UPDATE orders_t SET version = 2, status = 'moved' WHERE id = 3")
+            pending = in_thread(table.commit_many, [*items, (on_old, {"total": 3})])
+            lock_waiters(pg.app, 1)  # its snapshot is taken: it waits for row 1
+            other.execute("COMMIT")
+            outs = pending.result(timeout=WAIT)
+        assert [o.kind for o in outs] == ["committed", "committed", "stale"]
+        assert outs[0].record.version == 3 and outs[0].record.state["status"] == "moved"
+        assert outs[2].current.version == 2 and outs[2].current.state["status"] == "moved"
+        assert [table.get(k).version for k in (1, 2, 3)] == [3, 2, 2]
+
+
+def test_a_batch_sees_rows_changed_or_made_while_it_waited(pg: Setup, api: str) -> None:
+    """A record another session changed (version 1 -> 2), and a record another session
+    created (its tombstone and row), each committed while the batch waited for its
+    locks, are what the batch judges against: its items decided against them apply, and an
+    item decided against the version before is stale against the new one."""
+    with opened(pg.url, api) as store:
+        orders = store.collection("orders")
+        for key in ("k1", "k2", "k3"):
+            orders.create(key, {"n": 0})
+        on_new = Intent.new("orders", "k1", 2, "x")
+        on_old = orders.intent("k3", "x")
+        made = Intent.new("orders", "late", 1, "x")
+        with session(pg.schema) as other:
+            other.execute("BEGIN")
+            for key in ("k1", "k3"):
+                other.execute(
+                    "UPDATE fencing_records SET version = 2, state = '{\"n\": 5}'"
+                    " WHERE collection = 'orders' AND key = %s",
+                    (key,),
+                )
+            items = [(on_new, {"n": 1}), (orders.intent("k2", "x"), {"n": 2}), (on_old, {"n": 3})]
+            pending = in_thread(orders.commit_many, items)
+            lock_waiters(pg.app, 1)
+            other.execute("COMMIT")
+            outs = pending.result(timeout=WAIT)
+            assert [o.kind for o in outs] == ["committed", "committed", "stale"]
+            assert outs[0].record.version == 3
+            assert outs[2].current.version == 2 and outs[2].current.state["n"] == 5
+            other.execute("BEGIN")
+            other.execute(
+                "INSERT INTO fencing_tombstones (collection, key, version)"
+                " VALUES ('orders', 'late', 0)"
+            )
+            other.execute(
+                "INSERT INTO fencing_records (collection, key, version, fence, state, updated_at)"
+                " VALUES ('orders', 'late', 1, 0, '{\"n\": 7}', 0)"
+            )
+            pending = in_thread(
+                orders.commit_many, [(made, {"n": 8}), (orders.intent("k2", "y"), {"n": 9})]
+            )
+            lock_waiters(pg.app, 1)
+            other.execute("COMMIT")
+            outs = pending.result(timeout=WAIT)
+            assert [o.kind for o in outs] == ["committed", "committed"]
+        assert orders.get("late").version == 2 and orders.get("late").state["n"] == 8
+        assert [orders.get(k).version for k in ("k1", "k2", "k3")] == [3, 3, 2]
+
+
 def test_a_batch_that_repeats_a_key_sees_its_earlier_items(pg: Setup, api: str) -> None:
     """A key twice in one batch: the later item sees the earlier one's write (the batch
     then runs as one pipeline of statements, in order, still one transaction)."""

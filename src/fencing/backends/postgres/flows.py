@@ -175,6 +175,51 @@ def _batch_query(requests: Sequence[CommitRequest]) -> tuple[Query, list[int]] |
     return Query(sql.collection_batch(lease is not None), params), order
 
 
+# The values a guarded table's batch statement takes as JSON: each reads as the column's
+# type exactly as a single commit's parameter of the same value does (``table_batch``).
+_BATCH_VALUES: Final = frozenset({str, int, bool, type(None)})
+
+
+def _table_batch_query(requests: Sequence[CommitRequest]) -> Query | None:
+    """A guarded table's batch in one statement (``statements.table_batch``); None for
+    a key twice (a later item must see the one before it), keys of mixed types, items of
+    different shapes, or a value beyond ``_BATCH_VALUES``."""
+    first = requests[0]
+    target, lease, kinds = first.target, first.lease, _BATCH_VALUES
+    shape = tuple(first.state), tuple(first.intent.guard or ()), first.sql_values
+    check = first.intent.expected_version is not None
+    keys = [r.intent.key for r in requests]
+    if len(set(keys)) != len(keys) or len({type(k) for k in keys}) != 1:
+        return None
+    dumps, kcol, rows = json.dumps, target.key_column, []
+    for n, r in enumerate(requests):
+        intent, guard = r.intent, r.intent.guard or {}
+        if (
+            (tuple(r.state), tuple(guard), r.sql_values) != shape
+            or (intent.expected_version is not None) is not check
+            or any(type(v) not in kinds for v in r.state.values())
+            or any(type(v) not in kinds for v in guard.values())
+        ):
+            return None
+        key_json = _key_json(keys[n])
+        rows.append(
+            f'{{"n":{n},"i":{dumps(r.claim_id)},"j":{dumps(key_json)},'
+            f'"v":{dumps(intent.expected_version)},"k":{{{dumps(kcol)}:{key_json}}},'
+            f'"s":{dumps(dict(r.state))},"g":{dumps(dict(guard))}}}'
+        )
+    params: dict[str, Any] = {
+        "scope": target.scope,
+        "keys": keys,
+        "lease": None,
+        "table": sql.quoted(target.name),
+        "items": f"[{','.join(rows)}]",
+    }
+    if lease is not None:
+        params["lease"], params["token"] = lease.name, lease.token
+    text = sql.table_batch(target, shape[0], shape[1], check, lease is not None, shape[2])
+    return Query(text, params, names=True)
+
+
 def _batch_locks(requests: Sequence[CommitRequest]) -> tuple[Query, ...]:
     """The statements that lock what a batch's answer depends on (``statements.BATCH_KEYS_NEW``)."""
     first = requests[0]
@@ -207,6 +252,14 @@ def _run_batch(step: Pipeline) -> Flow[list[Answer]]:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _one_by_one(
+    requests: Sequence[CommitRequest], locks: tuple[Query, ...]
+) -> Flow[list[CommitResult]]:
+    """The locks, then one commit statement per item, in order (a key twice)."""
+    answers = yield from _run_batch(Pipeline((*locks, *(_commit_query(r) for r in requests))))
+    return [_commit_result(r, a) for r, a in zip(requests, answers[len(locks) :], strict=True)]
+
+
 def _lease_flow(
     text: str,
     params: Mapping[str, Any],
@@ -229,10 +282,12 @@ class PostgresFlows(EffectFlows, PostgresOutboxFlows):
     ``schema`` is where ``migrate`` makes fencing's tables; the driver puts every
     statement's tables there (``statements.qualified``)."""
 
-    __slots__ = ("schema",)
+    __slots__ = ("_unfit", "schema")
 
     def __init__(self, schema: str | None) -> None:
         self.schema = schema
+        # guarded tables whose batches run one statement per item (``table_batch``)
+        self._unfit: set[Target] = set()
 
     def migrate(self) -> Flow[None]:
         return schema.migrate(self.schema)
@@ -290,27 +345,14 @@ class PostgresFlows(EffectFlows, PostgresOutboxFlows):
         return CommitResult(Status.STALE, result.record)
 
     def commit_many(self, requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
-        """One transaction, one round trip: lock what the answer depends on, then one
-        statement for a collection's batch of distinct keys, else one commit statement per
-        item. Every outcome describes the store at the batch's commit."""
-        locks = _batch_locks(requests)
-        batch = _batch_query(requests)
-        if batch is not None:
-            query, order = batch
-            answers = yield from _run_batch(Pipeline((*locks, query)))
-            # one row per item, in the statement's (key) order: back to the caller's
-            by_item = {
-                i: _commit_result(requests[i], Answer((), [row], 1))
-                for i, row in zip(order, answers[-1].rows, strict=True)
-            }
-            results = [by_item[i] for i in range(len(requests))]
+        """One transaction, one round trip: one statement for a batch of distinct keys
+        (a guarded table's locks what its answer depends on itself; a collection's after
+        the lock statements), else lock first and then one commit statement per item.
+        Every outcome describes the store at the batch's commit."""
+        if requests[0].target.kind == "collection":
+            results = yield from self._collection_many(requests)
         else:
-            answers = yield from _run_batch(
-                Pipeline((*locks, *(_commit_query(r) for r in requests)))
-            )
-            results = [
-                _commit_result(r, a) for r, a in zip(requests, answers[len(locks) :], strict=True)
-            ]
+            results = yield from self._table_many(requests)
         # Refused although the rules find nothing wrong with the row as read: with the rows
         # locked, only a value the server compared differently from Python (a user table's
         # column type) or a user row inserted meanwhile; nothing was written: stale.
@@ -318,6 +360,52 @@ class PostgresFlows(EffectFlows, PostgresOutboxFlows):
             CommitResult(Status.STALE, res.record) if res.status is Status.OK else res
             for res in results
         ]
+
+    def _collection_many(self, requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
+        locks = _batch_locks(requests)
+        batch = _batch_query(requests)
+        if batch is None:
+            return (yield from _one_by_one(requests, locks))
+        query, order = batch
+        answers = yield from _run_batch(Pipeline((*locks, query)))
+        # one row per item, in the statement's (key) order: back to the caller's
+        by_item = {
+            i: _commit_result(requests[i], Answer((), [row], 1))
+            for i, row in zip(order, answers[-1].rows, strict=True)
+        }
+        return [by_item[i] for i in range(len(requests))]
+
+    def _table_many(self, requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
+        """The batch's statement alone; when a row it locked had changed since its
+        snapshot (``statements.table_batch``: it wrote nothing), or it rolled back (a
+        concurrent claim, a deadlock), again after the lock statements, in one
+        transaction. A batch it does not take: locks, then one statement per item."""
+        query = _table_batch_query(requests)
+        locks = _batch_locks(requests)
+        if query is None or requests[0].target in self._unfit:
+            return (yield from _one_by_one(requests, locks))
+        step: Query | Pipeline = query
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                found = yield step
+            except (Retry, Deadlock):
+                if attempt == _ATTEMPTS:
+                    raise
+                step = Pipeline((*locks, query))
+                continue
+            answer: Answer = found[-1] if isinstance(found, list) else found
+            rows = sorted(answer.rows, key=lambda row: int(row[0]))
+            if rows[0][2]:  # a column type the JSON values may not read as a parameter
+                self._unfit.add(requests[0].target)
+                return (yield from _one_by_one(requests, locks))
+            if not rows[0][1]:  # nothing moved: the answer holds
+                names = answer.names[3:]
+                return [
+                    _commit_result(r, Answer(names, [row[3:]], 1))
+                    for r, row in zip(requests, rows, strict=True)
+                ]
+            step = Pipeline((*locks, query))
+        raise Retry("postgresql: the batch's rows kept changing under it; nothing was written")
 
     def acquire(self, name: str, owner: str, ttl: float) -> Flow[LeaseAnswer]:
         return _lease_flow(

@@ -431,3 +431,120 @@ EFFECTS_PENDING: Final = _LIST_EFFECTS.format(PENDING.format(cutoff=f"({NOW} - %
 PRUNE_EFFECTS: Final = "DELETE FROM fencing_effects WHERE " + PRUNABLE.format(
     cutoff=f"({NOW} - %(age)s::float8)"
 )
+
+
+# A guarded table's batch: its items' values come as JSON and take the table's column
+# types as PostgreSQL's input functions read text (``json_populate_record`` over the
+# table's row type), which is how a single commit's string parameters are read; the
+# flow sends only values that a single commit's parameters would give the same value
+# (strings, integers, booleans, None) and only to a table without json, jsonb or domain
+# columns (``fencing_check.unfit``: such a batch writes nothing, and the flow runs it
+# as one statement per item instead).
+UNFIT: Final = (
+    "EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty"
+    " ON ty.oid = a.atttypid WHERE a.attrelid = to_regclass(%(table)s) AND a.attnum > 0"
+    " AND NOT a.attisdropped AND (ty.typtype = 'd'"
+    " OR a.atttypid IN ('json'::regtype, 'jsonb'::regtype)))"
+)
+
+
+@lru_cache(maxsize=256)
+def table_batch(
+    target: Target,
+    columns: tuple[str, ...],
+    guards: tuple[str, ...],
+    check: bool,
+    fenced: bool,
+    sql_values: tuple[tuple[str, str], ...] = (),
+) -> str:
+    """A whole batch of commits of one shape to a guarded table (distinct keys) in ONE
+    statement: a single commit's (``table_commit``) for every item at once.
+
+    The items come as one JSON array (``%(items)s``: ``n`` place, ``i`` claim id, ``j``
+    key's JSON text, ``v`` expected version, ``k``/``s``/``g`` objects of the key, the
+    state and the guard by column). The statement first locks the batch's rows that
+    exist (``fencing_lock``: in key order, FOR UPDATE, each the newest version after
+    any wait) and compares them with its snapshot's (``fencing_check``): the same row
+    versions mean no commit changed them after the snapshot was taken, so every UPDATE,
+    and every refusal's row as the snapshot shows it, holds until this transaction
+    commits (the rows stay locked). A row changed meanwhile (``moved``) makes every
+    UPDATE write nothing; the answer says so, and the flow runs the batch again after a
+    statement of its own took the locks. Each answer row is ``n, moved, unfit`` and
+    then a single commit's answer, in the items' order.
+    """
+    t, k = quoted(target.name), quoted(target.key_column)
+    sets = [f"{quoted(c)} = (i.fencing_s).{quoted(c)}" for c in columns]
+    sets += [f"{quoted(c)} = {expression}" for c, expression in sql_values]
+    where = [f"r.{k} = (i.fencing_k).{k}", "NOT i.fencing_seen"]
+    if target.version_column is not None:
+        v = quoted(target.version_column)
+        sets.append(f"{v} = r.{v} + 1")
+        if check:
+            where.append(f"r.{v} = i.fencing_v")
+    where += [f"r.{quoted(c)} IS NOT DISTINCT FROM (i.fencing_g).{quoted(c)}" for c in guards]
+    if fenced:
+        where.append(
+            "NOT EXISTS (SELECT 1 FROM fencing_fences f WHERE f.scope = %(scope)s"
+            " AND f.key = i.fencing_j AND f.fence > %(token)s::bigint)"
+        )
+        where.append(LEASE_LOCKED)
+    where.append("NOT (SELECT moved OR unfit FROM fencing_check)")
+    ctes = [LEASE_LOCK_CTE] if fenced else []
+    ctes += [
+        f"fencing_lock AS MATERIALIZED (SELECT {k} AS k, ctid AS c FROM {t}"
+        f" WHERE {k} = ANY(%(keys)s) ORDER BY {k} FOR UPDATE)",
+        "fencing_check AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM (SELECT"
+        f" {k} AS k, ctid AS c FROM {t} WHERE {k} = ANY(%(keys)s)) AS s FULL JOIN"
+        f" fencing_lock l ON l.k = s.k WHERE s.c IS DISTINCT FROM l.c) AS moved, {UNFIT} AS unfit)",
+        "fencing_item AS MATERIALIZED (SELECT x.n AS fencing_n, x.i AS fencing_i,"
+        " x.j AS fencing_j, x.v AS fencing_v, a.seen IS NOT NULL AS fencing_seen,"
+        f" json_populate_record(NULL::{t}, x.k) AS fencing_k,"
+        f" json_populate_record(NULL::{t}, x.s) AS fencing_s,"
+        f" json_populate_record(NULL::{t}, x.g) AS fencing_g"
+        " FROM json_to_recordset(%(items)s::json)"
+        " AS x(n int, i text, j text, v bigint, k json, s json, g json)"
+        " LEFT JOIN LATERAL (SELECT true AS seen FROM fencing_applied a"
+        " WHERE a.scope = %(scope)s AND a.intent_id = x.i AND a.key = x.j LIMIT 1)"
+        " AS a ON true WHERE NOT (SELECT unfit FROM fencing_check))",
+        f"fencing_upd AS (UPDATE {t} AS r SET {', '.join(sets)} FROM fencing_item i"
+        f" WHERE {' AND '.join(where)}"
+        " RETURNING i.fencing_n, i.fencing_i, i.fencing_j, r AS fencing_row)",
+    ]
+    if fenced:
+        # Each sees the newest fence (ON CONFLICT locks it); a newer one leaves its key
+        # out, and then its claim below violates NOT NULL: the statement rolls back.
+        ctes.append(
+            "fencing_fence AS (INSERT INTO fencing_fences AS f (scope, key, fence)"
+            " SELECT %(scope)s, u.fencing_j, %(token)s::bigint FROM fencing_upd u"
+            " ON CONFLICT (scope, key) DO UPDATE SET fence = excluded.fence"
+            " WHERE f.fence <= excluded.fence RETURNING f.key, f.fence)"
+        )
+        applied_at = (
+            f"CASE WHEN EXISTS (SELECT 1 FROM fencing_fence ff WHERE ff.key = u.fencing_j)"
+            f" THEN {NOW} END"
+        )
+        fence = "(SELECT ff.fence FROM fencing_fence ff WHERE ff.key = u.fencing_j)"
+    else:
+        applied_at = NOW
+        fence = (
+            "(SELECT f.fence FROM fencing_fences f WHERE f.scope = %(scope)s"
+            " AND f.key = u.fencing_j)"
+        )
+    ctes.append(
+        "fencing_claim AS (INSERT INTO fencing_applied (scope, intent_id, key, applied_at)"
+        f" SELECT %(scope)s, u.fencing_i, u.fencing_j, {applied_at} FROM fencing_upd u)"
+    )
+    flags = "c.moved, c.unfit"
+    return (
+        f"WITH {', '.join(ctes)}"
+        f" SELECT u.fencing_n, {flags}, true, false, {fence}, NULL::text, NULL::bigint,"
+        f" NULL::float8, {NOW}, (u.fencing_row).* FROM fencing_upd u, fencing_check c"
+        f" UNION ALL SELECT i.fencing_n, {flags}, false, i.fencing_seen,"
+        " (SELECT f.fence FROM fencing_fences f WHERE f.scope = %(scope)s"
+        f" AND f.key = i.fencing_j), l.owner, l.token, l.expires_at, {NOW}, {t}.*"
+        f" FROM fencing_item i CROSS JOIN fencing_check c LEFT JOIN {t}"
+        f" ON {t}.{k} = (i.fencing_k).{k} LEFT JOIN fencing_leases l ON l.name = %(lease)s"
+        " WHERE NOT EXISTS (SELECT 1 FROM fencing_upd u WHERE u.fencing_n = i.fencing_n)"
+        f" UNION ALL SELECT -1, {flags}, false, false, NULL, NULL, NULL, NULL, NULL, {t}.*"
+        f" FROM fencing_check c LEFT JOIN {t} ON false WHERE c.unfit"
+    )
