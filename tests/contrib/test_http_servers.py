@@ -4,10 +4,14 @@ store in Starlette's thread pool) and a Flask app served by werkzeug's server, e
 thread on a free port, driven by httpx over TCP, on a SQLite file and on PostgreSQL."""
 
 import contextlib
+import os
 import secrets
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
@@ -27,6 +31,7 @@ from fencing.contrib.http import Conditional  # noqa: E402
 
 pytestmark = pytest.mark.backends(only=lambda n: n in {"sqlite-file", "postgresql"})
 
+ROOT = Path(__file__).resolve().parents[2]
 SIGNER = fencing.Signer({"k1": secrets.token_bytes(32)}, current="k1")
 
 
@@ -158,7 +163,40 @@ def serve_flask(url: str) -> Iterator[str]:
         store.close()
 
 
-SERVERS = ["fastapi-async", "fastapi-sync", "flask"]
+def serve_django(url: str, mode: str) -> Iterator[str]:
+    """Django views (``sync``, ``async``) or DRF ``APIView``s (``drf``) over
+    fencing.contrib.django.http, in a process of their own (tests/contrib/django_http_app.py:
+    this process never configures Django)."""
+    pytest.importorskip("django", reason="pip install 'fencing[django]'")
+    if mode == "drf":
+        pytest.importorskip("rest_framework", reason="pip install 'fencing[drf]'")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [
+            str(ROOT),
+            *(str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p),
+        ]
+    )
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-W", "error", "-m", "tests.contrib.django_http_app", url, mode],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        port = proc.stdout.readline().strip()
+        assert port.isdigit(), f"the Django server did not start (exit {proc.poll()})"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close() if proc.stdout else None
+
+
+SERVERS = ["fastapi-async", "fastapi-sync", "flask", "django-sync", "django-async", "drf"]
 
 
 @pytest.fixture(params=SERVERS)
@@ -166,6 +204,10 @@ def base(request: pytest.FixtureRequest, store_url: str) -> Iterator[str]:
     """The base URL of a server over a fresh store holding orders o-1 and o-2."""
     if request.param == "flask":
         yield from serve_flask(store_url)
+    elif request.param == "drf":
+        yield from serve_django(store_url, "drf")
+    elif request.param.startswith("django"):
+        yield from serve_django(store_url, request.param.split("-")[1])
     else:
         yield from serve_uvicorn(store_url, request.param.split("-")[1])
 
