@@ -668,3 +668,24 @@ def test_a_record_given_before_the_history_keeps_its_fence_and_state() -> None:
     assert check_linearizable([acquire, write], init={table: {"fence": 1}}).ok is False
     read = op("get", {"key": table}, {"version": 1, "state": {}}, 0, 1)  # no state: {}
     assert check_linearizable([read], init={table: {}}).ok is True
+
+
+def test_a_record_given_without_a_fence_or_state_starts_at_fence_0_and_empty() -> None:
+    table = "t:orders/1"
+    read = op("get", {"key": table}, {"version": 2, "state": {}}, 0, 1)  # it is at v1
+    (part,) = check_linearizable([read], init={table: {"version": 1}}).partitions
+    assert part.ok is False
+    assert part.states == [
+        "{t:orders/1: RecordState(exists=True, version=1, state='{}', fence=0,"
+        " applied=frozenset(), tomb=0)}"
+    ]
+
+
+def test_a_read_of_unknown_outcome_leaves_the_state_as_it_is() -> None:
+    """The model's ``step``: a read that may never have happened changes nothing and
+    answers nothing to judge (the search does not even place one)."""
+    from fencing.testing._linear_model import Context, RecordState, step
+
+    ctx = Context([A], frozenset())
+    for rec in (RecordState(True, 3, '{"n":1}'), RecordState()):
+        assert step(ctx, (rec,), Operation("get", {"key": A}, None, 1, None)) == [(rec,)]
