@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from fencing import InvalidInput
 from fencing.testing import (
     HistoryError,
     MemoryHistory,
@@ -689,3 +690,22 @@ def test_a_read_of_unknown_outcome_leaves_the_state_as_it_is() -> None:
     ctx = Context([A], frozenset())
     for rec in (RecordState(True, 3, '{"n":1}'), RecordState()):
         assert step(ctx, (rec,), Operation("get", {"key": A}, None, 1, None)) == [(rec,)]
+
+
+@pytest.mark.parametrize("budget", [0, -1, True, 1.5, "3", None])
+def test_a_budget_is_a_positive_integer(budget: Any) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        check_linearizable([CREATE], budget=budget)
+    assert str(refused.value) == f"budget must be a positive integer, not {budget!r}"
+
+
+def test_a_budget_of_one_node_places_one_operation() -> None:
+    assert check_linearizable([CREATE], budget=1).ok is True
+
+
+def test_lin_events_are_numbered_in_the_order_given() -> None:
+    history = [CREATE, op("get", {"key": A}, {"version": 1, "state": {}}, 2, 3)]
+    init = {"event": "init", "key": "t:orders/1", "version": 1}
+    (part,) = check_linearizable([lin_event(history[0]), init, lin_event(history[1])]).partitions
+    assert [o.index for o in part.operations] == [0, 1]
+    assert part.order[1].describe().startswith("#1 ")
