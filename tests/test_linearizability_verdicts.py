@@ -709,3 +709,12 @@ def test_lin_events_are_numbered_in_the_order_given() -> None:
     (part,) = check_linearizable([lin_event(history[0]), init, lin_event(history[1])]).partitions
     assert [o.index for o in part.operations] == [0, 1]
     assert part.order[1].describe().startswith("#1 ")
+
+
+@pytest.mark.parametrize("item", [None, "lin", ["lin"], 3])
+def test_a_history_item_is_an_operation_or_a_lin_event(item: Any) -> None:
+    with pytest.raises(HistoryError) as refused:
+        check_linearizable([CREATE, item])
+    assert str(refused.value) == (
+        f"event 1: an Operation or a lin event, not {type(item).__name__}"
+    )
