@@ -26,7 +26,7 @@ test: $(PY)
 	$(PY) -m pytest
 
 # Mutation testing of the core (mutmut; what and against which tests: pyproject's
-# [tool.mutmut]); not in CI, about 30 minutes. Writes mutation/REPORT.md.
+# [tool.mutmut]); not in CI, about 50 minutes on 2 busy cores. Writes mutation/REPORT.md.
 mutate: $(PY)
 	$(PIP) -e '.[$(TEST_EXTRAS),mutate]'
 	@echo "mutating fencing's core; the tests: the fast, server-free ones"

@@ -24,6 +24,50 @@ for _module in ("backends_postgres", "backends_mysql", "backends_redis"):
         if exc.name != f"tests.{_module}":
             raise
 
+# Under `make mutate` (mutmut sets MUTANT_UNDER_TEST in every phase of `mutmut run`): mutmut
+# copies the tree into mutants/ and runs pytest there, in its own process, with mutants/src
+# first on sys.path. Two things it does not do are done here.
+UNDER_MUTMUT = "MUTANT_UNDER_TEST" in os.environ
+if UNDER_MUTMUT:
+    # A test's subprocesses (`python -m fencing ...`) import the mutated code too, not the
+    # tree the editable install points at.
+    _MUTATED_SRC = str(Path(__file__).resolve().parent.parent / "src")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_MUTATED_SRC, os.environ.get("PYTHONPATH", "")) if p
+    )
+
+
+def plain_test_name(name: str) -> str:
+    """A test name mutmut can hand back to pytest: ``[...]`` in plain ASCII without ``\\``.
+
+    pytest writes a parameter's non-ASCII characters as escapes (``'\\xe9'``); mutmut 3.8.1
+    records such a test by that name and then cannot select it again ("not found": the whole
+    run stops). Each character outside ASCII's printable range and each backslash becomes
+    ``~<hex>~``: the name stays readable and two different parameters keep different names.
+    """
+    base, bracket, params = name.partition("[")
+    if not bracket:
+        return name
+    plain = "".join(c if " " <= c <= "~" and c not in "\\~" else f"~{ord(c):x}~" for c in params)
+    return f"{base}[{plain}"
+
+
+if UNDER_MUTMUT:
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> Any:
+        made = yield
+        for item in made if isinstance(made, list) else [made] if made is not None else []:
+            if isinstance(item, pytest.Function) and plain_test_name(item.name) != item.name:
+                item.name = plain_test_name(item.name)
+                nodeid = f"{collector.nodeid}::{item.name}"
+                if hasattr(item, "_id"):  # pytest 9: a structured id, parsed from the string
+                    item._id = type(item._id).parse(nodeid)
+                else:  # pytest 8
+                    item._nodeid = nodeid
+        return made
+
+
 settings.register_profile(
     "ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from fencing import InvalidInput
 from fencing.testing import (
     HistoryError,
     MemoryHistory,
@@ -668,3 +669,52 @@ def test_a_record_given_before_the_history_keeps_its_fence_and_state() -> None:
     assert check_linearizable([acquire, write], init={table: {"fence": 1}}).ok is False
     read = op("get", {"key": table}, {"version": 1, "state": {}}, 0, 1)  # no state: {}
     assert check_linearizable([read], init={table: {}}).ok is True
+
+
+def test_a_record_given_without_a_fence_or_state_starts_at_fence_0_and_empty() -> None:
+    table = "t:orders/1"
+    read = op("get", {"key": table}, {"version": 2, "state": {}}, 0, 1)  # it is at v1
+    (part,) = check_linearizable([read], init={table: {"version": 1}}).partitions
+    assert part.ok is False
+    assert part.states == [
+        "{t:orders/1: RecordState(exists=True, version=1, state='{}', fence=0,"
+        " applied=frozenset(), tomb=0)}"
+    ]
+
+
+def test_a_read_of_unknown_outcome_leaves_the_state_as_it_is() -> None:
+    """The model's ``step``: a read that may never have happened changes nothing and
+    answers nothing to judge (the search does not even place one)."""
+    from fencing.testing._linear_model import Context, RecordState, step
+
+    ctx = Context([A], frozenset())
+    for rec in (RecordState(True, 3, '{"n":1}'), RecordState()):
+        assert step(ctx, (rec,), Operation("get", {"key": A}, None, 1, None)) == [(rec,)]
+
+
+@pytest.mark.parametrize("budget", [0, -1, True, 1.5, "3", None])
+def test_a_budget_is_a_positive_integer(budget: Any) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        check_linearizable([CREATE], budget=budget)
+    assert str(refused.value) == f"budget must be a positive integer, not {budget!r}"
+
+
+def test_a_budget_of_one_node_places_one_operation() -> None:
+    assert check_linearizable([CREATE], budget=1).ok is True
+
+
+def test_lin_events_are_numbered_in_the_order_given() -> None:
+    history = [CREATE, op("get", {"key": A}, {"version": 1, "state": {}}, 2, 3)]
+    init = {"event": "init", "key": "t:orders/1", "version": 1}
+    (part,) = check_linearizable([lin_event(history[0]), init, lin_event(history[1])]).partitions
+    assert [o.index for o in part.operations] == [0, 1]
+    assert part.order[1].describe().startswith("#1 ")
+
+
+@pytest.mark.parametrize("item", [None, "lin", ["lin"], 3])
+def test_a_history_item_is_an_operation_or_a_lin_event(item: Any) -> None:
+    with pytest.raises(HistoryError) as refused:
+        check_linearizable([CREATE, item])
+    assert str(refused.value) == (
+        f"event 1: an Operation or a lin event, not {type(item).__name__}"
+    )

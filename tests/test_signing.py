@@ -333,6 +333,16 @@ def test_signed_text_is_the_hmac_of_key_id_purpose_and_text() -> None:
     assert signer.sign_text("etag", '["o-1",3]') == f"k1.{b64(mac)}"
 
 
+def test_signed_text_may_hold_a_lone_surrogate() -> None:
+    """A text is signed as its UTF-8 bytes, a lone surrogate written as it stands
+    (``surrogatepass``): any ``str`` can be signed, none raises."""
+    signer = Signer({"k1": K1}, current="k1")
+    mac = hmac.new(K1, b"k1.etag:a\xed\xa0\x80b", hashlib.sha256).digest()
+    assert signer.sign_text("etag", "a\ud800b") == f"k1.{b64(mac)}"
+    assert signer.verify_text("etag", "a\ud800b", f"k1.{b64(mac)}")
+    assert not signer.verify_text("etag", "a\udc00b", f"k1.{b64(mac)}")
+
+
 def test_signed_text_verifies_with_any_known_key_and_nothing_else() -> None:
     old = Signer({"k1": K1}, current="k1").sign_text("etag", "v3")
     rotated = Signer({"k1": K1, "k2": K2}, current="k2")
@@ -356,6 +366,7 @@ def test_signed_text_cannot_stand_for_a_signed_intent() -> None:
     with pytest.raises(InvalidIntent, match="tampered"):
         signer.verify(f"{kid}.{body}.{mac}")
     for purpose in ("", "Etag", "a:b", "x" * 33):
-        with pytest.raises(ConfigurationError, match="purpose"):
+        with pytest.raises(ConfigurationError) as refused:
             signer.sign_text(purpose, "x")
+        assert str(refused.value) == "a purpose is 1-32 lowercase letters, digits or -"
         assert not signer.verify_text(purpose, "x", signer.sign_text("etag", "x"))

@@ -5,10 +5,12 @@ store's memory without bound); each shape has its own statement."""
 
 from __future__ import annotations
 
+import sqlite3
+
 from fencing import Intent
 from fencing._request import CommitRequest, Target
 from fencing._rules import LeaseRef
-from fencing.backends.sqlite.statements import _CACHED, Statements
+from fencing.backends.sqlite.statements import _CACHED, Statements, update_params
 
 ORDERS = Target("table", "orders", "id", "version")
 
@@ -47,3 +49,22 @@ def test_at_most_cached_shapes_are_kept() -> None:
     assert late == (
         'UPDATE "orders" SET "late" = ?, "version" = "version" + 1 WHERE "id" = ? AND "version" = ?'
     )
+
+
+def test_a_column_the_database_computes_is_set_by_its_sql() -> None:
+    """``sql_values`` (a mapped column's SQL ``onupdate``) are set after the state's
+    columns, each by its own SQL, in the same UPDATE."""
+    intent = Intent.new("orders", 1, 3, "ship", kind="table")
+    computed = (("updated_at", "'at ' || 7"),)
+    req = CommitRequest(ORDERS, intent, {"status": "x"}, None, None, computed)
+    sql = Statements().update(req)
+    assert sql == (
+        'UPDATE "orders" SET "status" = ?, "updated_at" = \'at \' || 7,'
+        ' "version" = "version" + 1 WHERE "id" = ? AND "version" = ?'
+    )
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER, status, updated_at)")
+    db.execute("INSERT INTO orders VALUES (1, 3, 'new', NULL)")
+    db.execute(sql, update_params(req, 0.0))
+    assert db.execute("SELECT * FROM orders").fetchall() == [(1, 4, "x", "at 7")]
+    db.close()
