@@ -158,6 +158,13 @@ class FencedModel(models.Model):  # type: ignore[misc]
         now = None if current is None else getattr(current, field.attname)
         raise StaleSave(self, expected, current, now)
 
+    @classmethod
+    def __fencing_target__(cls) -> Table:
+        """What a fenced task's ``target=Order`` commits to: ``store(alias).table(Order)``
+        on the model's database for writes, asked at every run (so it follows Django's
+        test database, and a forked worker opens its own store)."""
+        return store(router.db_for_write(cls)).table(cls)
+
     def intent(
         self, transition: str, *, guard: Mapping[str, Any] | None = None, using: str | None = None
     ) -> Intent:
