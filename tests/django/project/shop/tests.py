@@ -73,6 +73,25 @@ class Saves(TransactionTestCase):
         self.assertIsNone(refused.exception.current)
         self.assertFalse(Order.objects.exists())
 
+    def test_a_stale_delete_is_refused_with_the_current_row(self):
+        order = Order.objects.create(status="paid")
+        admin = Order.objects.get(pk=order.pk)
+        order.status = "shipped"
+        order.save()  # version 2
+        with transaction.atomic():
+            with self.assertRaises(StaleSave) as refused:
+                admin.delete()  # loaded at version 1
+            Audit.objects.create(note="the transaction goes on")
+        self.assertEqual((refused.exception.version, refused.exception.current_version), (1, 2))
+        self.assertEqual(refused.exception.current.status, "shipped")
+        self.assertEqual(Order.objects.get().status, "shipped")  # nothing deleted
+        self.assertEqual(Audit.objects.count(), 1)
+        order.delete()  # the fresh instance is deleted
+        self.assertFalse(Order.objects.exists())
+        with self.assertRaises(StaleSave) as gone:
+            admin.delete()
+        self.assertIsNone(gone.exception.current)
+
     def test_a_new_instance_does_not_overwrite_an_existing_row(self):
         order = Order.objects.create(status="paid")
         with self.assertRaises(DatabaseError), transaction.atomic():
@@ -264,6 +283,31 @@ class UsingDjangosConnection(TransactionTestCase):
             outcome = table(Order).commit(old, {"status": "paid"})
             self.assertIsInstance(outcome, fencing.Stale)
             Audit.objects.create(note="after")
+        self.assertEqual(Audit.objects.count(), 1)
+
+    def test_the_stores_own_commit_behind_this_transactions_lock_never_waits_on_it(self):
+        """The store's own connection must not wait for the row this thread's
+        transaction saved (released only when that transaction ends). MariaDB (PyMySQL,
+        mysqlclient): its locking read would wait, and is refused with SelfDeadlock at
+        once (it waited innodb_lock_wait_timeout, and a task's retries waited again);
+        PostgreSQL (psycopg 3, psycopg2): the commit judges the committed row, Stale."""
+        if connection.vendor == "sqlite":
+            self.skipTest("SQLite: one writer at a time (docs/transactions.md)")
+        order = Order.objects.create()
+        with transaction.atomic():
+            order.status = "paid"
+            order.save()  # this transaction's row lock
+            intent = order.intent("ship")  # through Django's connection: this thread's
+            try:
+                outcome = store().table(Order).commit(intent, {"status": "shipped"})
+            except fencing.SelfDeadlock:
+                outcome = None
+            if connection.vendor == "mysql":
+                self.assertIsNone(outcome)
+            else:
+                self.assertIsInstance(outcome, fencing.Stale)
+            Audit.objects.create(note="the transaction goes on")
+        self.assertEqual(Order.objects.get().status, "paid")
         self.assertEqual(Audit.objects.count(), 1)
 
     def test_a_commit_in_another_thread_uses_that_threads_connection(self):
