@@ -423,3 +423,28 @@ class Forks(TransactionTestCase):
         self.assertIs(store(), parent)  # the parent's store still works
         self.assertIsInstance(parent.table(Order).commit(second, {"note": "x"}), fencing.Stale)
         self.assertEqual(Order.objects.values_list("status", "version").get(), ("paid", 2))
+
+
+class Async(TransactionTestCase):
+    """An async view's spelling: Django's async ORM (asave, adelete: the same
+    conditional writes), and fencing's sync API through sync_to_async (Django's
+    connections are sync; its async ORM runs them in a thread the same way)."""
+
+    async def test_asave_adelete_and_a_fenced_commit_from_async_code(self):
+        from asgiref.sync import sync_to_async
+
+        order = await Order.objects.acreate(status="paid")
+        late = await Order.objects.aget(pk=order.pk)
+        order.status = "shipped"
+        await order.asave()
+        late.status = "paid"
+        with self.assertRaises(StaleSave):
+            await late.asave()
+        with self.assertRaises(StaleSave):
+            await late.adelete()
+        intent = await sync_to_async(order.intent)("pack")
+        outcome = await sync_to_async(lambda: table(Order).commit(intent, {"status": "packed"}))()
+        self.assertIsInstance(outcome, fencing.Committed)
+        again = await sync_to_async(lambda: table(Order).commit(intent, {"status": "packed"}))()
+        self.assertIsInstance(again, fencing.Duplicate)
+        self.assertEqual((await Order.objects.aget(pk=order.pk)).version, 3)
