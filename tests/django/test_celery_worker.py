@@ -1,7 +1,8 @@
 """A real Celery worker on the Django test project (tests/django/project), the standard
 Django setup: ``celery -A testproject.celery worker`` (settings from ``CELERY_*``, the
 tasks of shop/tasks.py found by ``app.autodiscover_tasks()``, each a ``fenced_task``
-with ``target=Order``), a Redis broker, on SQLite, PostgreSQL and MariaDB. A task
+with ``target=Order``), a Redis broker, on SQLite, PostgreSQL (psycopg 3, psycopg2) and
+MariaDB (PyMySQL, mysqlclient). A task
 decided before an admin's save ends ``stale``; a message delivered twice is applied
 once; a worker process SIGKILLed after its commit, before the ack, has the message
 redelivered and answered ``duplicate``."""
@@ -22,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests._backends import require_server
-from tests.django.test_migrations import PROJECT, SERVERS, Project
+from tests.django.test_django import require
+from tests.django.test_migrations import PROJECT, Project
 
 pytest.importorskip("django", reason="pip install 'fencing[django]'")
 pytest.importorskip("celery", reason="pip install 'fencing[celery]'")
@@ -124,12 +126,13 @@ def outcomes(control: Path, intent_id: str) -> list[str]:
     return [p.read_text().split()[0] for p in found]
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
+@pytest.fixture(
+    params=["sqlite", "postgresql", "postgresql-psycopg2", "mysql", "mysql-mysqlclient"]
+)
 def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
     vendor = request.param
     require_server("Redis", "127.0.0.1", 6379)
-    if vendor in SERVERS:
-        require_server(SERVERS[vendor][0], "127.0.0.1", SERVERS[vendor][1])
+    require(vendor)  # the server, and psycopg2 / mysqlclient (Django's default MySQL driver)
     made = Project(vendor, tmp_path)
     made.create()
     try:
