@@ -7,7 +7,8 @@ directory. ``sh`` blocks run in bash (``make`` lines as ``make -n``: they would 
 virtualenv; a ``chromium`` line skips without Chromium, and fails when ``CI`` is set).
 ``text`` blocks are diagrams, not code. A file whose blocks configure Django
 (``django.setup()``, docs/django.md) runs blocks 1..N as one script in a process of its
-own, so this process never configures Django.
+own, so this process never configures Django; the README's Django block configures
+Django itself and runs alone so.
 
 What the docs assume, the test provides, and the docs say so in a visible comment:
 - the documented addresses are mapped to the local services: ``postgresql://app@db/shop``
@@ -44,7 +45,8 @@ import pytest
 import fencing
 
 REPO = Path(__file__).resolve().parent.parent
-FILES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+README = REPO / "README.md"
+FILES = [README, *sorted((REPO / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```([A-Za-z]*)\n(.*?)^```\s*$", re.M | re.S)
 LANGUAGES = {"python", "sh", "text"}
 REDIS_DBS = {"1": "11", "2": "13", "3": "12", "4": "14"}  # the doc's N -> a test database
@@ -271,6 +273,7 @@ def _run_python(block: Block, services: Services) -> dict[str, Any]:
 
 def _exec_blocks(block: Block, services: Services, ns: dict[str, Any]) -> dict[str, Any]:
     previous = [b for b in BLOCKS if b.path == block.path and b.lang == "python"]
+    previous = [b for b in previous if b is block or not _sets_django_up(b)]  # (its own)
     for each in previous[: previous.index(block) + 1]:
         _setup(each, each.code, ns, services)
         exec(compile(services.localize(each.code), each.name, "exec"), ns)
@@ -354,7 +357,13 @@ def _an_effect_key(services: Services) -> str:
 
 
 def _sets_django_up(block: Block) -> bool:
-    """Whether ``block``'s file configures Django (``django.setup()`` in a block)."""
+    """Whether ``block``'s file configures Django (``django.setup()`` in a block). The
+    README's Django block is whole on its own (it configures Django itself): it alone
+    runs so, the README's other blocks as usual."""
+    if "django.setup()" in block.code:
+        return True
+    if block.path == README:
+        return False
     return any(b.path == block.path and "django.setup()" in b.code for b in BLOCKS)
 
 
@@ -364,6 +373,8 @@ def _run_django(block: Block, tmp_path: Path) -> None:
     directory, warnings as errors."""
     pytest.importorskip("django", reason="pip install 'fencing[django]'")
     previous = [b for b in BLOCKS if b.path == block.path and b.lang == "python"]
+    if block.path == README:  # whole on its own
+        previous = [block]
     code = "\n".join(f"# {b.name}\n{b.code}" for b in previous[: previous.index(block) + 1])
     script = tmp_path / "doc_blocks.py"
     script.write_text(code)

@@ -214,3 +214,34 @@ def test_a_lock_held_elsewhere_is_a_lock_timeout_retried_by_the_queues(pg: Setup
     finally:
         other.close()
         s.close()
+
+
+@pytest.mark.timeout(60)
+def test_psycopg2_a_commit_behind_your_own_transactions_lock_is_a_self_deadlock(
+    store: Any, pg: Setup
+) -> None:
+    """The same on a psycopg2 connection (Django's on most projects)."""
+    from ._lenders import require_module
+
+    require_module("psycopg2")
+    import psycopg2
+
+    conn = psycopg2.connect(
+        store.backend.conninfo,
+        options=f"-c search_path={pg.schema},public",
+        application_name=pg.app,
+    )
+    try:
+        view = store.using(conn).table(TABLE)
+        assert isinstance(view.commit(view.intent(2, "a"), {"status": "a"}), Committed)
+        with conn.cursor() as cur:
+            cur.execute(f"UPDATE {TABLE} SET total = 11 WHERE id = 1")
+        intent = store.table(TABLE).intent(1, "ship")
+        pid = conn.info.backend_pid
+        with pytest.raises(fencing.SelfDeadlock, match=f"pid {pid}") as caught:
+            store.table(TABLE).commit(intent, {"status": "shipped"})
+        assert caught.value.pids == (pid,)
+        conn.rollback()
+        assert isinstance(store.table(TABLE).commit(intent, {"status": "shipped"}), Committed)
+    finally:
+        conn.close()

@@ -41,7 +41,18 @@ def test_main_example_is_at_most_20_lines_and_runs(
 
 
 def _queue_blocks() -> list[str]:
-    return [b for b in _blocks() if "fencing.contrib" in b]
+    """The queue examples (the Django one configures Django: tests/test_doc_blocks.py
+    runs it in a process of its own)."""
+    return [b for b in _blocks() if "fencing.contrib" in b and "django.setup()" not in b]
+
+
+def test_the_django_example_is_a_model_a_service_and_a_task() -> None:
+    (django,) = [b for b in _blocks() if "django.setup()" in b]
+    for name in ("class Order(FencedModel)", "def pay(", "@fenced_task(app, target=Order)"):
+        assert name in django, name
+    # about 25 lines of the project's own code, after the settings and imports
+    code = django[django.index("class Order") :]
+    assert len([line for line in code.splitlines() if line.strip()]) <= 25
 
 
 def test_queue_examples_parse_and_name_what_exists() -> None:

@@ -522,6 +522,28 @@ def test_a_target_factory_is_called_once_per_process(store: fencing.Store) -> No
     assert isinstance(report.error, fencing.ConfigurationError)
 
 
+def test_a_model_target_is_asked_at_every_run(store: fencing.Store) -> None:
+    """``target=Order`` (a Django FencedModel): a class with ``__fencing_target__`` is not
+    a factory to call (calling it would make an instance); its target is asked at every
+    run, never kept (the model's store follows Django's test database by itself)."""
+    store.collection("orders").create("o-1", {"status": "packed"})
+    calls: list[int] = []
+
+    class Model:
+        @classmethod
+        def __fencing_target__(cls) -> fencing.Collection:
+            calls.append(1)
+            return store.collection("orders")
+
+    spec = task(Model)
+    record = store.collection("orders").get("o-1")
+    assert record is not None
+    first = spec.run(spec.encode(record, "ship"))
+    again = spec.run(spec.encode(record, "ship"))
+    assert (first.kind, again.kind) == ("committed", "stale")
+    assert calls == [1, 1]
+
+
 def test_async_run_with_an_async_store() -> None:
     async def scenario() -> list[TaskReport]:
         astore = await fencing.open_async("memory://")

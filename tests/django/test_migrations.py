@@ -32,6 +32,7 @@ class Project:
 
     def __init__(self, vendor: str, tmp_path: Path) -> None:
         self.vendor, self.dir = vendor, tmp_path
+        self.kind = vendor.split("-", 1)[0]  # postgresql-psycopg2, mysql-mysqlclient: the server
         self.name = f"fdj_{uuid.uuid4().hex[:10]}"
         self.env = {
             **os.environ,
@@ -63,10 +64,10 @@ class Project:
         return done
 
     def query(self, sql: str, *params: object) -> list[tuple[object, ...]]:
-        if self.vendor == "sqlite":
+        if self.kind == "sqlite":
             with sqlite3.connect(self.dir / "shop.sqlite3") as conn:
                 return list(conn.execute(sql.replace("%s", "?"), params))
-        if self.vendor == "postgresql":
+        if self.kind == "postgresql":
             import psycopg
 
             dsn = f"host=127.0.0.1 port=5432 user=root dbname={self.name}"
@@ -86,9 +87,9 @@ class Project:
             conn.close()
 
     def fencing_tables(self) -> list[str]:
-        if self.vendor == "sqlite":
+        if self.kind == "sqlite":
             sql = "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'fencing%'"
-        elif self.vendor == "postgresql":  # the project keeps them in a schema "fencing"
+        elif self.kind == "postgresql":  # the project keeps them in a schema "fencing"
             sql = "SELECT tablename FROM pg_tables WHERE schemaname = 'fencing'"
         else:
             sql = (
@@ -98,9 +99,9 @@ class Project:
         return sorted(str(row[0]) for row in self.query(sql))
 
     def triggers(self) -> list[str]:
-        if self.vendor == "sqlite":
+        if self.kind == "sqlite":
             sql = "SELECT name FROM sqlite_master WHERE type = 'trigger'"
-        elif self.vendor == "postgresql":
+        elif self.kind == "postgresql":
             sql = "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal"
         else:
             sql = (
@@ -110,13 +111,13 @@ class Project:
         return sorted(str(row[0]) for row in self.query(sql))
 
     def create(self) -> None:
-        if self.vendor == "postgresql":
+        if self.kind == "postgresql":
             import psycopg
 
             dsn = "host=127.0.0.1 port=5432 user=root dbname=test"
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(f"CREATE DATABASE {self.name}")
-        elif self.vendor == "mysql":
+        elif self.kind == "mysql":
             import pymysql
 
             conn = pymysql.connect(host="127.0.0.1", port=3306, user="root")
@@ -127,13 +128,13 @@ class Project:
                 conn.close()
 
     def drop(self) -> None:
-        if self.vendor == "postgresql":
+        if self.kind == "postgresql":
             import psycopg
 
             dsn = "host=127.0.0.1 port=5432 user=root dbname=test"
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
-        elif self.vendor == "mysql":
+        elif self.kind == "mysql":
             import pymysql
 
             conn = pymysql.connect(host="127.0.0.1", port=3306, user="root")

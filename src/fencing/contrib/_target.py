@@ -21,6 +21,10 @@ AsyncTarget = AsyncCollection | AsyncTable
 #: async targets; it may return an awaitable), so a worker opens its own store
 #: after fork instead of inheriting the enqueuing process's connection.
 TargetSource = SyncTarget | AsyncTarget | Callable[[], Any]
+#: A source with this attribute (a Django ``FencedModel`` class: ``target=Order``)
+#: gives its target through it, asked at every run: the model's store follows its
+#: database (Django's test database, a forked worker's own connections) by itself.
+MODEL_TARGET = "__fencing_target__"
 
 
 #: Set by a test helper (``fencing.contrib.django.testing``): the view of each resolved
@@ -42,9 +46,13 @@ def check_match(target: SyncTarget | AsyncTarget, intent: Intent) -> None:
 class TargetSlot:
     """Resolves a target source once per process (and per event loop when async)."""
 
-    __slots__ = ("_alock", "_lock", "_loop", "_pid", "_source", "_value")
+    __slots__ = ("_alock", "_fresh", "_lock", "_loop", "_pid", "_source", "_value")
 
     def __init__(self, source: TargetSource) -> None:
+        model = getattr(source, MODEL_TARGET, None)
+        self._fresh = callable(model)
+        if callable(model):
+            source = model  # asked at every run, never kept
         if not callable(source) and not isinstance(
             source, Collection | Table | AsyncCollection | AsyncTable
         ):
@@ -77,6 +85,13 @@ class TargetSlot:
             return source
         if isinstance(source, AsyncCollection | AsyncTable):
             raise ConfigurationError("this task's target is async: run it with arun()")
+        if self._fresh:
+            fresh = source()
+            if not isinstance(fresh, Collection | Table):
+                raise ConfigurationError(
+                    f"the model's target is {type(fresh).__name__}, not a Collection or Table"
+                )
+            return fresh
         with self._lock:
             value = self._value
             if value is None or self._pid != os.getpid():
@@ -94,7 +109,7 @@ class TargetSlot:
         source = self._source
         if isinstance(source, AsyncCollection | AsyncTable):
             return source
-        if isinstance(source, Collection | Table):
+        if isinstance(source, Collection | Table) or self._fresh:
             raise ConfigurationError("this task's target is sync: run it with run()")
         loop = asyncio.get_running_loop()
         if self._alock is None or self._loop is not loop:

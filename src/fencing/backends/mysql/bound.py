@@ -76,6 +76,7 @@ from .errors import (
 )
 from .steps import Batch, Result, Script, framed, one, unframed
 from .templates import add_judge_reads
+from .watch import hold
 
 __all__ = ["AsyncMySQLBoundBackend", "MySQLBoundBackend", "bind", "bind_async"]
 
@@ -287,6 +288,7 @@ class MySQLBoundBackend(BoundBackend):
         conn = self.borrowed.connection()
         if not self._seen(conn):
             self._check(conn)
+        hold(conn, self.parent.settings.server)  # this thread's (watch.py)
         on = _On(conn)
         # (mysqlclient keeps no transaction status: its refused commits are left to you)
         idle = not _asks_server(conn) and not conn.server_status & _IN_TRANS

@@ -30,11 +30,12 @@ from .._abase import AsyncFlowBackend
 from .._base import FlowBackend
 from .._pool import Pool, Slot
 from .bound import AsyncMySQLBoundBackend, MySQLBoundBackend, bind, bind_async
-from .connection import Hold, aexecute, arollback, execute, new_pool, rollback
+from .connection import Hold, _connect, aexecute, arollback, execute, new_pool, rollback
 from .errors import driver_module, translated
 from .flows import MySQLFlows
 from .settings import Settings
 from .steps import Batch, Result, framed, unframed
+from .watch import held_here, self_deadlock, watchdog
 
 __all__ = ["AsyncMySQLBackend", "MySQLBackend"]
 
@@ -60,11 +61,12 @@ def _get(pool: Pool[Any]) -> Slot[Any]:
 class _Lent(Hold):
     """One flow's connection from the sync pool."""
 
-    __slots__ = ("pool", "slot")
+    __slots__ = ("pool", "settings", "slot")
 
-    def __init__(self, pool: Pool[Any]) -> None:
+    def __init__(self, pool: Pool[Any], settings: Settings) -> None:
         super().__init__()
         self.pool = pool
+        self.settings = settings
         self.slot = _get(pool)
 
     def run(self, step: Batch | Sleep) -> list[Result] | None:
@@ -75,10 +77,22 @@ class _Lent(Hold):
             self.slot = _get(self.pool)
         conn = self.slot.conn
         self.sending()
+        where = self.settings.server
+        mine = held_here(where)
+        # this thread has a transaction open through store.using: the statement is
+        # watched, and killed if it waits for that transaction's own lock (watch.py)
+        dog = watchdog(where, lambda: _connect(self.settings)) if mine else None
+        watched = None if dog is None else dog.watch(conn, mine)
         try:
             results = unframed(step, execute(conn, framed(step, *_FRAME)))
         except Exception as exc:
-            raise self.failed(exc, self.may_keep(exc) and rollback(conn)) from exc
+            error = self.failed(exc, self.may_keep(exc) and rollback(conn))
+            if watched is not None and watched.blocker is not None:
+                raise self_deadlock(watched.blocker) from exc
+            raise error from exc
+        finally:
+            if dog is not None:
+                dog.done(watched)
         self.io = False
         return results
 
@@ -118,7 +132,7 @@ class MySQLBackend(FlowBackend):
         os.register_at_fork(after_in_child=lambda: _forget_after_fork(ref))
 
     def _drive(self, flow: Flow[R]) -> R:
-        lent = _Lent(self._pool)
+        lent = _Lent(self._pool, self.settings)
         try:
             value = drive(flow, lent.run)
         except Exception:

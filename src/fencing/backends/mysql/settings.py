@@ -45,6 +45,11 @@ class Settings:
     pool_recycle: float = 3600.0
     ssl: Any = None
 
+    @property
+    def server(self) -> tuple[str, int, str | None]:
+        """Which server: its row locks are the same for every database on it."""
+        return (self.host, self.port, self.unix_socket)
+
     def driver_kwargs(self, database_arg: str = "database") -> dict[str, Any]:
         """What PyMySQL's ``connect`` takes (aiomysql's: ``database_arg="db"``)."""
         client = driver_module("pymysql.constants.CLIENT")

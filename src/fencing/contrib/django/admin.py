@@ -26,16 +26,20 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import flatten_fieldsets
 from django.core import checks
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
+from django.utils.safestring import mark_safe
 
+from django import forms
 from fencing import FencingError, OutboxRowError, RecordNotFound
 from fencing._outbox import QUEUE_KINDS
 
 from .entries import Effect, OutboxRow
 from .errors import StaleSave
-from .forms import VERSION_FIELD, VersionedModelForm
+from .forms import VERSION_FIELD, VersionedModelForm, _shown_version, version_token
+from .models import version_field
 from .stores import store
 
 __all__ = [
@@ -91,12 +95,26 @@ class FencedAdminMixin:
             response = view(request, object_id, form_url, extra_context)
         return response
 
+    def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
+        """``list_editable`` rows carry the version the list showed (each row's hidden
+        ``fencing_version``, beside its primary key): a row that moved on since is
+        refused with the conflict and its current values, the list shown again."""
+        if version_field(self.model) is not None:
+            kwargs["form"] = _versioned(kwargs.get("form") or forms.ModelForm)
+        return super().get_changelist_form(request, **kwargs)  # type: ignore[misc]
+
+    def get_changelist_formset(self, request: HttpRequest, **kwargs: Any) -> Any:
+        formset = super().get_changelist_formset(request, **kwargs)  # type: ignore[misc]
+        if version_field(self.model) is None:
+            return formset
+        return type(formset.__name__, (_VersionedRows, formset), {})
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        """``list_editable`` rows are loaded again when the list is posted (their
-        versions are not carried): a row that moved on before its save is refused,
-        the admin's transaction rolled back, and the list shown again with a message."""
+        """A row that moves on between the list's load of it and its save (after the
+        versions were checked) is refused, the admin's transaction rolled back, and
+        the list shown again with a message."""
         try:
             response: HttpResponse = super().changelist_view(request, extra_context)  # type: ignore[misc]
         except StaleSave as refused:
@@ -110,6 +128,98 @@ class FencedAdminMixin:
             )
             return HttpResponseRedirect(request.get_full_path())
         return response
+
+    def render_delete_form(self, request: HttpRequest, context: dict[str, Any]) -> Any:
+        """The delete confirmation page's form carries the version it showed."""
+        response = super().render_delete_form(request, context)  # type: ignore[misc]
+        shown = context.get("object")
+        if shown is not None and version_field(type(shown)) is not None:
+            response.context_data[VERSION_FIELD] = version_token(shown)
+            if getattr(self, "delete_confirmation_template", None) is None:
+                response.template_name = "fencing/admin/delete_confirmation.html"
+        return response
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """A delete confirmed on a page shown before the row moved on is refused:
+        nothing is deleted, and the change page says so with the current values."""
+        if request.method == "POST" and version_field(self.model) is not None:
+            request._fencing_delete = str(request.POST.get(VERSION_FIELD) or "")
+        try:
+            response: HttpResponse = super().delete_view(request, object_id, extra_context)  # type: ignore[misc]
+        except StaleSave as refused:
+            if request.method != "POST":
+                raise
+            return self._not_deleted(request, refused)
+        return response
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        """``obj.delete()`` at the version the confirmation page showed (the admin's
+        delete view loads the object again when the page is posted)."""
+        token = getattr(request, "_fencing_delete", None)
+        field = version_field(type(obj))
+        if token is not None and field is not None:
+            try:
+                shown = _shown_version(token, obj)
+            except ValidationError:
+                shown = None
+            if shown != getattr(obj, field.attname):
+                raise StaleSave(obj, shown, obj, getattr(obj, field.attname))
+        super().delete_model(request, obj)  # type: ignore[misc]
+
+    def _not_deleted(self, request: HttpRequest, refused: StaleSave) -> HttpResponse:
+        name = self.model._meta.verbose_name
+        current = refused.current
+        if current is None:
+            self.message_user(  # type: ignore[attr-defined]
+                request, f"This {name} was deleted by someone else meanwhile.", messages.WARNING
+            )
+            info = (self.model._meta.app_label, self.model._meta.model_name)
+            return HttpResponseRedirect(reverse("admin:{}_{}_changelist".format(*info)))
+        saw = (
+            "this page's version is missing or was altered"
+            if refused.version is None
+            else f"you saw version {refused.version}, it is at version {refused.current_version}"
+            " now"
+        )
+        self.message_user(  # type: ignore[attr-defined]
+            request,
+            f"This {name} was changed by someone else after you opened the delete page"
+            f" ({saw}), so it was not deleted. Its current values are shown below: delete"
+            " it again from here if you still mean to.",
+            messages.ERROR,
+        )
+        info = (self.model._meta.app_label, self.model._meta.model_name)
+        url = reverse(
+            "admin:{}_{}_change".format(*info),
+            args=[current.pk],
+            current_app=self.admin_site.name,  # type: ignore[attr-defined]
+        )
+        return HttpResponseRedirect(url)
+
+
+class _VersionedRows:
+    """A ``list_editable`` formset whose rows render their hidden version with their
+    primary key (the change list renders only the primary key's hidden input)."""
+
+    model: Any
+
+    def add_fields(self, form: Any, index: Any) -> None:
+        super().add_fields(form, index)  # type: ignore[misc]
+        pk = self.model._meta.pk.name
+        if pk in form.fields and VERSION_FIELD in form.fields:
+            form.fields[pk].widget = _KeyAndVersion(form, form.fields[pk].widget.attrs)
+
+
+class _KeyAndVersion(forms.HiddenInput):  # type: ignore[misc]
+    def __init__(self, form: Any, attrs: Any = None) -> None:
+        super().__init__(attrs)
+        self._form = form
+
+    def render(self, name: str, value: Any, attrs: Any = None, renderer: Any = None) -> Any:
+        rendered = super().render(name, value, attrs, renderer)
+        return mark_safe(rendered + str(self._form[VERSION_FIELD]))
 
 
 def _versioned(form: Any) -> Any:

@@ -25,6 +25,8 @@ class FencingConfig(AppConfig):  # type: ignore[misc]
     name = "fencing.contrib.django"
     label = "fencing"
     verbose_name = "fencing"
+    # the admin's entries (entries.py: models without a table) need no other (models.W042)
+    default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers fencing's system checks)

@@ -158,6 +158,41 @@ class FencedModel(models.Model):  # type: ignore[misc]
         now = None if current is None else getattr(current, field.attname)
         raise StaleSave(self, expected, current, now)
 
+    def delete(self, using: str | None = None, keep_parents: bool = False) -> Any:
+        """Delete the row only if it is still at this instance's version: a stale
+        instance is refused with :class:`StaleSave` (its ``current``: the row now), and
+        nothing is deleted. The check and the delete are one transaction: the row is
+        locked by the check (``UPDATE ... SET version = version WHERE pk = %s AND
+        version = %s``) until it is deleted. ``QuerySet.delete()`` is not checked."""
+        field = version_field(type(self))
+        if field is None or self.pk is None or self._state.adding:
+            done: Any = super().delete(using=using, keep_parents=keep_parents)
+            return done
+        if field.attname in self.get_deferred_fields():
+            raise ValueError(
+                f"{type(self).__name__}.{field.name} is deferred: load it (.only() and"
+                " .defer() must keep it) so delete() can tell whether the row moved on"
+            )
+        using = using or router.db_for_write(type(self), instance=self)
+        expected = getattr(self, field.attname)
+        rows = type(self)._base_manager.using(using)
+        with transaction.atomic(using=using):
+            mine = rows.filter(pk=self.pk, **{field.attname: expected})
+            if mine.update(**{field.attname: F(field.attname)}):
+                return super().delete(using=using, keep_parents=keep_parents)
+        current = rows.filter(pk=self.pk).first()
+        now = None if current is None else getattr(current, field.attname)
+        raise StaleSave(self, expected, current, now)
+
+    delete.alters_data = True  # type: ignore[attr-defined]
+
+    @classmethod
+    def __fencing_target__(cls) -> Table:
+        """What a fenced task's ``target=Order`` commits to: ``store(alias).table(Order)``
+        on the model's database for writes, asked at every run (so it follows Django's
+        test database, and a forked worker opens its own store)."""
+        return store(router.db_for_write(cls)).table(cls)
+
     def intent(
         self, transition: str, *, guard: Mapping[str, Any] | None = None, using: str | None = None
     ) -> Intent:

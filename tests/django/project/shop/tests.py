@@ -73,6 +73,25 @@ class Saves(TransactionTestCase):
         self.assertIsNone(refused.exception.current)
         self.assertFalse(Order.objects.exists())
 
+    def test_a_stale_delete_is_refused_with_the_current_row(self):
+        order = Order.objects.create(status="paid")
+        admin = Order.objects.get(pk=order.pk)
+        order.status = "shipped"
+        order.save()  # version 2
+        with transaction.atomic():
+            with self.assertRaises(StaleSave) as refused:
+                admin.delete()  # loaded at version 1
+            Audit.objects.create(note="the transaction goes on")
+        self.assertEqual((refused.exception.version, refused.exception.current_version), (1, 2))
+        self.assertEqual(refused.exception.current.status, "shipped")
+        self.assertEqual(Order.objects.get().status, "shipped")  # nothing deleted
+        self.assertEqual(Audit.objects.count(), 1)
+        order.delete()  # the fresh instance is deleted
+        self.assertFalse(Order.objects.exists())
+        with self.assertRaises(StaleSave) as gone:
+            admin.delete()
+        self.assertIsNone(gone.exception.current)
+
     def test_a_new_instance_does_not_overwrite_an_existing_row(self):
         order = Order.objects.create(status="paid")
         with self.assertRaises(DatabaseError), transaction.atomic():
@@ -266,6 +285,31 @@ class UsingDjangosConnection(TransactionTestCase):
             Audit.objects.create(note="after")
         self.assertEqual(Audit.objects.count(), 1)
 
+    def test_the_stores_own_commit_behind_this_transactions_lock_never_waits_on_it(self):
+        """The store's own connection must not wait for the row this thread's
+        transaction saved (released only when that transaction ends). MariaDB (PyMySQL,
+        mysqlclient): its locking read would wait, and is refused with SelfDeadlock at
+        once (it waited innodb_lock_wait_timeout, and a task's retries waited again);
+        PostgreSQL (psycopg 3, psycopg2): the commit judges the committed row, Stale."""
+        if connection.vendor == "sqlite":
+            self.skipTest("SQLite: one writer at a time (docs/transactions.md)")
+        order = Order.objects.create()
+        with transaction.atomic():
+            order.status = "paid"
+            order.save()  # this transaction's row lock
+            intent = order.intent("ship")  # through Django's connection: this thread's
+            try:
+                outcome = store().table(Order).commit(intent, {"status": "shipped"})
+            except fencing.SelfDeadlock:
+                outcome = None
+            if connection.vendor == "mysql":
+                self.assertIsNone(outcome)
+            else:
+                self.assertIsInstance(outcome, fencing.Stale)
+            Audit.objects.create(note="the transaction goes on")
+        self.assertEqual(Order.objects.get().status, "paid")
+        self.assertEqual(Audit.objects.count(), 1)
+
     def test_a_commit_in_another_thread_uses_that_threads_connection(self):
         order = Order.objects.create()
         intent = order.intent("pay")
@@ -379,3 +423,28 @@ class Forks(TransactionTestCase):
         self.assertIs(store(), parent)  # the parent's store still works
         self.assertIsInstance(parent.table(Order).commit(second, {"note": "x"}), fencing.Stale)
         self.assertEqual(Order.objects.values_list("status", "version").get(), ("paid", 2))
+
+
+class Async(TransactionTestCase):
+    """An async view's spelling: Django's async ORM (asave, adelete: the same
+    conditional writes), and fencing's sync API through sync_to_async (Django's
+    connections are sync; its async ORM runs them in a thread the same way)."""
+
+    async def test_asave_adelete_and_a_fenced_commit_from_async_code(self):
+        from asgiref.sync import sync_to_async
+
+        order = await Order.objects.acreate(status="paid")
+        late = await Order.objects.aget(pk=order.pk)
+        order.status = "shipped"
+        await order.asave()
+        late.status = "paid"
+        with self.assertRaises(StaleSave):
+            await late.asave()
+        with self.assertRaises(StaleSave):
+            await late.adelete()
+        intent = await sync_to_async(order.intent)("pack")
+        outcome = await sync_to_async(lambda: table(Order).commit(intent, {"status": "packed"}))()
+        self.assertIsInstance(outcome, fencing.Committed)
+        again = await sync_to_async(lambda: table(Order).commit(intent, {"status": "packed"}))()
+        self.assertIsInstance(again, fencing.Duplicate)
+        self.assertEqual((await Order.objects.aget(pk=order.pk)).version, 3)

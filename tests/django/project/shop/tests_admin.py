@@ -169,7 +169,11 @@ class ListEditable(TestCase):
         admin_client(self)
         self.order = Order.objects.create(status="paid")
 
-    def post(self, fee):
+    def shown(self):
+        """The row's version token as the list page shows it (beside its primary key)."""
+        return shown(self.client.get(self.url), "form-0-fencing_version")
+
+    def post(self, fee, token=None):
         data = {
             "form-TOTAL_FORMS": "1",
             "form-INITIAL_FORMS": "1",
@@ -179,7 +183,24 @@ class ListEditable(TestCase):
             "form-0-fee": str(fee),
             "_save": "Save",
         }
+        if token is not False:
+            data["form-0-fencing_version"] = self.shown() if token is None else token
         return self.client.post(self.url, data, follow=True)
+
+    def test_a_stale_list_edit_is_refused_with_the_current_values(self):
+        token = self.shown()  # the list opened at version 1
+        Order.objects.filter(pk=self.order.pk).update(fee=3)  # a worker, meanwhile
+        answer = self.post(7, token)
+        page = answer.content.decode()
+        self.assertEqual(answer.status_code, 200)
+        self.assertIn(CONFLICT, page)
+        self.assertIn("Not saved: the current value is 3", page)
+        self.assertEqual(Order.objects.values_list("fee", "version").get(), (3, 2))
+
+    def test_a_list_posted_without_its_versions_is_refused(self):
+        answer = self.post(7, token=False)
+        self.assertIn("version is missing or was altered", answer.content.decode())
+        self.assertEqual(Order.objects.values_list("fee", "version").get(), (0, 1))
 
     def test_a_list_saves(self):
         self.assertEqual(self.post(7).status_code, 200)
@@ -201,6 +222,35 @@ class ListEditable(TestCase):
         self.assertEqual(
             Order.objects.values_list("fee", "note", "version").get(), (0, "", 1)
         )  # rolled back, the raced write in the admin's transaction too
+
+
+class Delete(TestCase):
+    def setUp(self):
+        admin_client(self)
+        self.order = Order.objects.create(status="paid")
+        self.url = f"/admin/shop/order/{self.order.pk}/delete/"
+
+    def test_a_fresh_delete_works(self):
+        token = shown(self.client.get(self.url))
+        answer = self.client.post(self.url, {"post": "yes", "fencing_version": token}, follow=True)
+        self.assertEqual(answer.status_code, 200)
+        self.assertFalse(Order.objects.exists())
+
+    def test_a_stale_delete_is_refused_and_shows_the_conflict(self):
+        token = shown(self.client.get(self.url))  # the confirmation page, at version 1
+        Order.objects.filter(pk=self.order.pk).update(status="shipped")  # a worker
+        answer = self.client.post(self.url, {"post": "yes", "fencing_version": token}, follow=True)
+        page = answer.content.decode()
+        self.assertEqual(answer.status_code, 200)
+        self.assertIn("was changed by someone else after you opened the delete page", page)
+        self.assertIn("you saw version 1, it is at version 2 now", page)
+        self.assertIn('value="shipped"', page)  # the change page, its current values
+        self.assertEqual(Order.objects.values_list("status", "version").get(), ("shipped", 2))
+
+    def test_a_delete_without_its_version_is_refused(self):
+        answer = self.client.post(self.url, {"post": "yes"}, follow=True)
+        self.assertIn("version is missing or was altered", answer.content.decode())
+        self.assertTrue(Order.objects.exists())
 
 
 class Inlines(TestCase):

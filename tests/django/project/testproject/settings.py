@@ -118,3 +118,18 @@ TEMPLATES = [
     }
 ]
 INSTALLED_APPS += ["lines"]  # a FencedModel in the admin's inlines (shop/admin.py)
+
+# Celery, the standard Django way (testproject/celery.py): a real worker runs shop/tasks.py
+# in tests/django/test_celery_worker.py, on Redis database 11 (the Celery tests' own),
+# its keys under a prefix of the run's own.
+CELERY_BROKER_URL = os.environ.get("FENCING_DJANGO_BROKER", "redis://127.0.0.1:6379/11")
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "global_keyprefix": os.environ.get("FENCING_DJANGO_PREFIX", "fencing_django") + ":"
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("FENCING_DJANGO_QUEUE", "fencing_django")
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
+CELERY_WORKER_SEND_TASK_EVENTS = False
