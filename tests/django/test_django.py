@@ -194,3 +194,25 @@ def test_the_admin_conflict_page_in_headless_chromium(chromium: str, tmp_path: P
     width, height, colours = decode_png((shots / "conflict.png").read_bytes())
     assert (width, height) == (1280, 900)
     assert len(colours) > 50  # a page was drawn (the DOM above says which)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vendor", ["sqlite", "postgresql", "mysql"])
+def test_manage_py_test_parallel_follows_the_test_database_clones(
+    vendor: str, tmp_path: Path
+) -> None:
+    """``manage.py test --parallel 2``: each worker process's store follows its own clone
+    of the test database (Django renames it after the store's settings were read), and
+    neither the test database nor its clones are left behind."""
+    require(vendor)
+    done, name = manage(vendor, tmp_path, "test", "shop", "--noinput", "--parallel", "2")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    ran = re.search(r"^Ran (\d+) tests", output, re.M)
+    assert ran is not None and int(ran.group(1)) >= 20 and "\nOK" in output, output
+    assert "Cloning test database" in output or "clone" in output.lower(), output
+    if vendor == "sqlite":
+        assert sorted(p.name for p in tmp_path.iterdir()) == [], output
+    else:
+        for db in (name, f"{name}_1", f"{name}_2"):
+            assert databases(vendor, db) == [], output

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import threading
 from typing import Any
 
@@ -104,18 +106,48 @@ def _models() -> dict[str, Any]:
 def _close_before_test_db_destroyed() -> None:
     """Close fencing's stores on a database before Django's test runner drops it (a
     server refuses to drop a database others are connected to; SQLite's WAL files
-    would stay behind)."""
+    would stay behind) or clones it for ``--parallel`` (a server's template copy wants
+    no other session on it; SQLite's clone is a copy of the database file, which holds
+    what fencing's WAL connections committed only once the log is checkpointed into it:
+    without that, the clones missed the tables migrate had just made)."""
     from django.db.backends.base.creation import BaseDatabaseCreation
 
     with _patched:
         original = BaseDatabaseCreation.destroy_test_db
         if getattr(original, "_fencing_closes_stores", False):
             return
+        cloning = BaseDatabaseCreation.clone_test_db
 
         @functools.wraps(original)
-        def destroy_test_db(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def destroy_test_db(
+            self: Any,
+            old_database_name: Any = None,
+            verbosity: int = 1,
+            keepdb: bool = False,
+            suffix: Any = None,
+        ) -> Any:
             close_stores(self.connection.alias)
-            return original(self, *args, **kwargs)
+            name = None
+            if self.connection.vendor == "sqlite" and not keepdb:
+                conf = self.get_test_db_clone_settings(suffix) if suffix else None
+                name = (conf or self.connection.settings_dict)["NAME"]
+            done = original(self, old_database_name, verbosity, keepdb, suffix)
+            if name and not self.is_in_memory_db(name):
+                # a --parallel worker's stores on its clone end with the worker, which
+                # leaves their WAL files: Django removes the database file only
+                for tail in ("-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(f"{name}{tail}")
+            return done
+
+        @functools.wraps(cloning)
+        def clone_test_db(self: Any, *args: Any, **kwargs: Any) -> Any:
+            close_stores(self.connection.alias)
+            if self.connection.vendor == "sqlite" and not self.connection.is_in_memory_db():
+                with self.connection.cursor() as cursor:
+                    cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return cloning(self, *args, **kwargs)
 
         destroy_test_db._fencing_closes_stores = True  # type: ignore[attr-defined]
         BaseDatabaseCreation.destroy_test_db = destroy_test_db
+        BaseDatabaseCreation.clone_test_db = clone_test_db
