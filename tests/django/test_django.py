@@ -216,3 +216,61 @@ def test_manage_py_test_parallel_follows_the_test_database_clones(
     else:
         for db in (name, f"{name}_1", f"{name}_2"):
             assert databases(vendor, db) == [], output
+
+
+@pytest.fixture(scope="session")
+def django_42(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Django 4.2 LTS installed on its own (``pip install --target``, no dependencies:
+    the same asgiref and sqlparse serve both), put first on a subprocess's path."""
+    target = tmp_path_factory.mktemp("django42")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--target",
+            str(target),
+            "Django>=4.2,<5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        message = f"cannot install Django 4.2: {done.stderr[-2000:]}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return target
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vendor", ["sqlite", "postgresql", "mysql"])
+def test_manage_py_test_passes_on_django_4_2(
+    vendor: str, tmp_path: Path, django_42: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The project's whole suite on Django 4.2 LTS, the oldest Django supported."""
+    require(vendor)
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join(p for p in (str(django_42), os.environ.get("PYTHONPATH")) if p),
+    )
+    done, name = manage(vendor, tmp_path, "test", "shop", "--noinput", "-v", "2")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    version = subprocess.run(
+        [sys.executable, "-c", "import django; print(django.get_version())"],
+        env=environ(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert version.startswith("4.2."), version
+    ran = re.search(r"^Ran (\d+) tests", output, re.M)
+    assert ran is not None and int(ran.group(1)) >= 20 and "\nOK" in output, output
+    if vendor != "sqlite":
+        assert databases(vendor, name) == [], output
