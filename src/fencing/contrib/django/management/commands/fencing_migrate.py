@@ -36,8 +36,9 @@ def _run(args: argparse.Namespace, store: Any) -> int:
         code = _cli._cmd_migrate(args, store)
         for label in args.guard_model or ():
             table, key, version = mapped_table(_model(label), None)
-            store.guard_table(table, version=version or args.version_column, key=key)
-            print(f"guarded model {label} (table {table})")
+            column = version or args.version_column
+            store.guard_table(table, version=column, key=key, mode=args.guard_mode)
+            print(f"guarded model {label} (table {table}, {args.guard_mode} mode)")
         for label in args.unguard_model or ():
             table = mapped_table(_model(label), None)[0]
             store.unguard_table(table)
