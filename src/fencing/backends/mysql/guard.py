@@ -1,7 +1,8 @@
 """MySQL / MariaDB's guard trigger on a table the user owns (``docs/guard.md``): a
 BEFORE UPDATE FOR EACH ROW trigger ``fencing_guard_<table>`` that sets the version
 column to the old one plus one when an UPDATE leaves it unchanged (``<=>``: NULL-safe;
-in strict mode it refuses that UPDATE with ``SIGNAL`` instead), and refuses with ``SIGNAL SQLSTATE '45000'`` one that sets it lower (or to NULL).
+in strict mode it refuses that UPDATE with ``SIGNAL`` instead), and refuses with
+``SIGNAL SQLSTATE '45000'`` one that sets it lower (or to NULL).
 
 MySQL has no ``CREATE OR REPLACE TRIGGER`` (MariaDB has) and DDL commits on its own,
 so installing first reads the trigger there: the same text is left alone (a second
