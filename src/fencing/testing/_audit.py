@@ -285,9 +285,19 @@ class WriteAudit:
 
     @contextmanager
     def sqlite3(self, conn: _sqlite3.Connection) -> Iterator[None]:
-        """Read the statements of an ``sqlite3`` connection (its trace callback: after
-        they ran, so a blind write is reported, not prevented) while open."""
-        conn.set_trace_callback(lambda text: self.check(text, source="sqlite3"))
+        """Read the statements of an ``sqlite3`` connection (its trace callback, as each
+        one starts: a blind write is reported, not prevented) while open. The same
+        statement twice in a row is read once (SQLite traces its triggers so)."""
+        last = [""]
+
+        def traced(text: str) -> None:
+            # SQLite traces each trigger program a statement runs as the statement's
+            # own text again: a repeat in a row is read once
+            if text != last[0]:
+                self.check(text, source="sqlite3")
+            last[0] = text
+
+        conn.set_trace_callback(traced)
         try:
             yield
         finally:
