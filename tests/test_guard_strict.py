@@ -315,13 +315,13 @@ def test_the_audit_reads_an_sqlite3_connection(tmp_path: Path) -> None:
 
 def test_the_audit_as_a_context_manager(tmp_path: Path) -> None:
     sa = pytest.importorskip("sqlalchemy")
-    engine = sa.create_engine(f"sqlite:///{tmp_path}/c.db")
-    with engine.begin() as conn:
+    lite = sa.create_lite(f"sqlite:///{tmp_path}/c.db")
+    with lite.begin() as conn:
         conn.execute(sa.text("CREATE TABLE orders (id INTEGER PRIMARY KEY, rev INTEGER, s TEXT)"))
         conn.execute(sa.text("INSERT INTO orders VALUES (1, 1, 'new')"))
 
     def write(statement: str, fail: bool = False) -> None:
-        with WriteAudit({"orders": "rev"}), engine.begin() as conn:
+        with WriteAudit({"orders": "rev"}), lite.begin() as conn:
             conn.execute(sa.text(statement))
             if fail:
                 raise KeyError("the test's own error")
@@ -331,10 +331,10 @@ def test_the_audit_as_a_context_manager(tmp_path: Path) -> None:
         write("UPDATE orders SET s = 'x' WHERE id = 1")
     with pytest.raises(KeyError):  # the test's own error is not hidden by the report
         write("UPDATE orders SET s = 'y' WHERE id = 1", fail=True)
-    engine.dispose()
-    with engine.begin() as conn:  # every engine's listener was removed on exit
+    lite.dispose()
+    with lite.begin() as conn:  # every lite's listener was removed on exit
         conn.execute(sa.text("UPDATE orders SET s = 'free' WHERE id = 1"))
-    engine.dispose()
+    lite.dispose()
 
 
 # -- the pytest plugin, in a pytest of its own ------------------------------------------------
