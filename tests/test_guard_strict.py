@@ -315,7 +315,7 @@ def test_the_audit_reads_an_sqlite3_connection(tmp_path: Path) -> None:
 
 def test_the_audit_as_a_context_manager(tmp_path: Path) -> None:
     sa = pytest.importorskip("sqlalchemy")
-    lite = sa.create_lite(f"sqlite:///{tmp_path}/c.db")
+    lite = sa.create_engine(f"sqlite:///{tmp_path}/c.db")
     with lite.begin() as conn:
         conn.execute(sa.text("CREATE TABLE orders (id INTEGER PRIMARY KEY, rev INTEGER, s TEXT)"))
         conn.execute(sa.text("INSERT INTO orders VALUES (1, 1, 'new')"))
