@@ -31,7 +31,7 @@ def _cmd_migrate(args: argparse.Namespace, store: Any = None) -> int:
         mode = args.guard_mode
         store.guard_table(table, version=args.version_column, key=args.key_column, mode=mode)
         trigger = f"fencing_guard_{table.rpartition('.')[2]}"
-        print(f"guarded table {table} (trigger {trigger}, {mode} mode)")
+        print(f"guarded table {table} (trigger {trigger}{', strict' if mode == 'strict' else ''})")
     for table in args.unguard_table or ():
         store.unguard_table(table)
         print(f"unguarded table {table}")

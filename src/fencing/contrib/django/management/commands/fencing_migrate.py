@@ -38,7 +38,8 @@ def _run(args: argparse.Namespace, store: Any) -> int:
             table, key, version = mapped_table(_model(label), None)
             column = version or args.version_column
             store.guard_table(table, version=column, key=key, mode=args.guard_mode)
-            print(f"guarded model {label} (table {table}, {args.guard_mode} mode)")
+            strict = ", strict" if args.guard_mode == "strict" else ""
+            print(f"guarded model {label} (table {table}{strict})")
         for label in args.unguard_model or ():
             table = mapped_table(_model(label), None)[0]
             store.unguard_table(table)
