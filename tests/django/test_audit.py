@@ -9,6 +9,7 @@ marker, which names the statement and the test; ``FencedModel`` saves, its
 from __future__ import annotations
 
 import re
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -89,3 +90,19 @@ def test_the_audited_apps_migration_is_as_its_models_say(tmp_path: Path) -> None
         "--settings=testproject.settings_audit",
     )
     assert done.returncode == 0 and "No changes detected" in done.stdout, done.stdout + done.stderr
+
+
+def test_fencing_migrate_guards_a_model_strictly(tmp_path: Path) -> None:
+    audit = "--settings=testproject.settings_audit"
+    done, _ = manage("sqlite", tmp_path, "migrate", audit)
+    assert done.returncode == 0, done.stderr
+    args = ("fencing_migrate", "--guard-model", "audited.Sack", "--guard-mode", "strict", audit)
+    done, _ = manage("sqlite", tmp_path, *args)
+    assert done.returncode == 0, done.stderr
+    assert "guarded model audited.Sack (table audited_sack, strict)" in done.stdout
+    with sqlite3.connect(tmp_path / "shop.sqlite3") as conn:
+        conn.execute("INSERT INTO audited_sack (id, version, status) VALUES (1, 1, 'new')")
+        with pytest.raises(sqlite3.IntegrityError, match="fencing_guard_audited_sack: UPDATE"):
+            conn.execute("UPDATE audited_sack SET status = 'blind' WHERE id = 1")
+        conn.execute("UPDATE audited_sack SET status = 'moved', version = version + 1")
+        assert conn.execute("SELECT version, status FROM audited_sack").fetchall() == [(2, "moved")]
