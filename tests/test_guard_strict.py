@@ -263,6 +263,37 @@ def test_no_report_on_fencings_own_statements(store: Any, backend_name: str, str
     ]
 
 
+@on_shared_sql
+@pytest.mark.apis(only=["sync"])
+def test_allow_fencing_reports_every_write_but_fencings_own(
+    engine: Any,  # noqa: F811 (the fixture)
+    store: Any,
+    make_table: Any,
+) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    make_table(TABLE, [{"id": 1, "status": "new"}])
+    Versioned = _model(versioned=True)
+    audit = WriteAudit([TABLE], allow="fencing")
+    with audit.sqlalchemy(engine):
+        with Session(engine) as session:  # fencing's commit, in the session's transaction
+            orders = store.using(session).table(TABLE, key="id", version="version")
+            out = orders.commit(orders.intent(1, "ship"), {"status": "shipped"})
+            assert isinstance(out, fencing.Committed)
+            session.commit()
+        assert audit.findings == []
+        with Session(engine) as session:  # a versioned flush: outside fencing all the same
+            session.get(Versioned, 1).status = "flushed"
+            session.commit()
+        with Session(engine) as session:
+            session.execute(text(f"UPDATE {TABLE} SET version = version + 1 WHERE id = 1"))
+            session.commit()
+    assert [f.outside for f in audit.findings] == [True, True]
+    assert "UPDATE of table 'orders_t' outside fencing (sqlalchemy)" in str(audit.findings[0])
+    assert "2 write(s) outside fencing" in audit.report()
+
+
 # -- the audit's reading of statements, and its other hooks -----------------------------------
 @pytest.mark.parametrize(
     ("statement", "blind"),
@@ -292,6 +323,15 @@ def test_what_the_audit_calls_blind(statement: str, blind: bool) -> None:
     audit = WriteAudit(["orders"])
     assert bool(audit.check(statement)) is blind
     assert len(audit.findings) == int(blind)
+
+
+def test_the_audit_refuses_a_bad_allow_and_bad_tables() -> None:
+    with pytest.raises(ValueError, match="allow must be"):
+        WriteAudit(["orders"], allow="everything")
+    with pytest.raises(TypeError):
+        WriteAudit({"orders": None})  # type: ignore[dict-item]
+    audit = WriteAudit("orders", allow="fencing")  # one name
+    assert audit.check("UPDATE orders SET version = version + 1 WHERE id = 1")
 
 
 def test_the_audit_reads_an_sqlite3_connection(tmp_path: Path) -> None:

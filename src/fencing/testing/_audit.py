@@ -55,12 +55,16 @@ class BlindWrite:
     statement: str
     source: str
     test: str | None = None
+    #: reported as written outside fencing (``allow="fencing"``), version moved or not
+    outside: bool = False
 
     def __str__(self) -> str:
         who = f"{self.test}: " if self.test else ""
+        what = "outside fencing" if self.outside else "without moving its version column"
         return (
-            f"{who}UPDATE of table {self.table!r} without moving its version column"
-            f" {self.version!r} ({self.source}): {_shorten(self.statement)}"
+            f"{who}UPDATE of table {self.table!r} {what}"
+            f"{'' if self.outside else ' ' + repr(self.version)}"
+            f" ({self.source}): {_shorten(self.statement)}"
         )
 
 
@@ -132,14 +136,19 @@ def _assignments(clause: str) -> Iterator[tuple[str, str]]:
             yield _bare(column), expression
 
 
-def blind_updates(statement: str, tables: Mapping[str, str]) -> list[tuple[str, str]]:
+def blind_updates(
+    statement: str, tables: Mapping[str, str], *, every: bool = False
+) -> list[tuple[str, str]]:
     """The UPDATEs in ``statement`` of the ``tables`` (bare name -> version column) that do
-    not move the version, as ``(table, version column)``."""
+    not move the version (``every``: all of them), as ``(table, version column)``."""
     found = []
     for match in _UPDATE.finditer(statement):
         table = _bare(match.group(1))
         version = tables.get(table)
         if version is None:
+            continue
+        if every:
+            found.append((table, version))
             continue
         sets, end = _clause(statement, match.end(), _SET_ENDS)
         where = ""
@@ -164,7 +173,12 @@ class WriteAudit:
     """Reads the UPDATEs sent to watched tables and keeps the blind ones (``findings``).
 
     ``tables``: table names (their version column ``version``), or a mapping of table
-    name to version column. Used as a context manager it takes the statements of
+    name to version column. ``allow="versioned"`` (the default) lets an UPDATE that
+    moves the version pass; ``allow="fencing"`` reports every UPDATE of a watched table
+    the hooks read: fencing's own commits run on its own (or a borrowed DB-API)
+    connection, which no ORM hook reads, so only fencing may write the table (as a
+    table only an outbox may write). Do not read fencing's own ``sqlite3`` connection
+    with ``allow="fencing"``. Used as a context manager it takes the statements of
     SQLAlchemy and Django (whichever is importable; Django once configured) while it is
     open, and raises :class:`BlindWriteError` on a clean exit if any write was blind::
 
@@ -181,7 +195,11 @@ class WriteAudit:
         *,
         version: str = "version",
         test: str | None = None,
+        allow: str = "versioned",
     ) -> None:
+        if allow not in ("versioned", "fencing"):
+            raise ValueError(f"allow must be 'versioned' or 'fencing', not {allow!r}")
+        self.allow = allow
         self.tables: dict[str, str] = {}
         self.findings: list[BlindWrite] = []
         self.test = test
@@ -206,9 +224,10 @@ class WriteAudit:
         """Read one statement; its blind writes (also added to ``findings``)."""
         if not self.active or not self.tables or "update" not in statement.lower():
             return []
+        every = self.allow == "fencing"
         found = [
-            BlindWrite(table, version, statement, source, self.test)
-            for table, version in blind_updates(statement, self.tables)
+            BlindWrite(table, version, statement, source, self.test, every)
+            for table, version in blind_updates(statement, self.tables, every=every)
         ]
         self.findings.extend(found)
         return found
@@ -217,7 +236,8 @@ class WriteAudit:
         """Every blind write, one a line (empty if none)."""
         if not self.findings:
             return ""
-        lines = [f"fencing audit: {len(self.findings)} blind write(s) to a watched table:"]
+        kind = "write(s) outside fencing" if self.allow == "fencing" else "blind write(s)"
+        lines = [f"fencing audit: {len(self.findings)} {kind} to a watched table:"]
         lines += [f"  {finding}" for finding in self.findings]
         lines.append(
             "  move the version (version = version + 1, a versioned ORM save) or commit"

@@ -87,3 +87,20 @@ def test_reported_save_of_some_fields():
 def test_reported_and_refused():
     crate = Crate.objects.create(status="new")
     refused(lambda: Crate.objects.filter(pk=crate.pk).update(status="qs"))
+
+
+# -- allow="fencing": only fencing's own commits may write the table -----------------------
+@pytest.mark.django_db
+@pytest.mark.fencing_audit("audited_box", allow="fencing")
+def test_a_fenced_commit_is_not_reported_with_allow_fencing():
+    box = Box.objects.create(status="new")
+    out = table(Box).commit(box.intent("ship"), {"status": "shipped"})
+    assert isinstance(out, Committed) and out.record.version == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.fencing_audit("audited_box", allow="fencing")
+def test_reported_outside_fencing():
+    box = Box.objects.create(status="new")
+    box.status = "saved"
+    box.save()  # moves the version, but not through fencing's commit
