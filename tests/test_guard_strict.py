@@ -90,6 +90,58 @@ def test_strict_lets_fencings_commits_through(store: Any, backend_name: str, str
         assert _version(run) == 4
 
 
+# servers only: the SQLite raw writer holds the store's own connection (and its lock)
+@pytest.mark.backends(only=lambda name: name in ("postgresql", "mysql"))
+@pytest.mark.apis(only=["sync"])
+@pytest.mark.timeout(120)
+def test_blind_writers_racing_fenced_commits_are_all_refused(
+    store: Any, backend_name: str, strict: Any
+) -> None:
+    """Threads: fenced commits (read, decide, commit), raw writers that move the version
+    themselves, and blind writers, all on row 1 at once. Every blind write is refused;
+    the version ends at 1 + the commits that applied + the moving writes: none lost,
+    none counted twice."""
+    import threading
+
+    rounds, committed, moved, refused, errors = 15, [], [], [], []
+    start = threading.Barrier(6)
+
+    def fenced(worker: int) -> None:
+        start.wait()
+        for n in range(rounds):
+            outcome = strict.commit(strict.intent(1, "ship"), {"status": f"f{worker}.{n}"})
+            if isinstance(outcome, fencing.Committed):
+                committed.append(outcome.record.version)
+
+    def raw_writer(blind: bool) -> None:
+        with raw(store, backend_name) as run:
+            start.wait()
+            for n in range(rounds):
+                if blind:
+                    try:
+                        run(f"UPDATE {TABLE} SET status = 'blind{n}' WHERE id = 1")
+                    except Exception as exc:  # the database's refusal, per driver
+                        (refused if "strict" in str(exc) else errors).append(exc)
+                    else:
+                        errors.append(AssertionError("a blind write landed"))
+                else:
+                    run(f"UPDATE {TABLE} SET version = version + 1 WHERE id = 1")
+                    moved.append(n)
+
+    threads = [threading.Thread(target=fenced, args=(w,)) for w in range(2)]
+    threads += [threading.Thread(target=raw_writer, args=(b,)) for b in (True, True, False, False)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert len(refused) == 2 * rounds
+    assert len(set(committed)) == len(committed)  # each commit its own version
+    with raw(store, backend_name) as run:
+        assert _version(run) == 1 + len(committed) + len(moved)
+
+
 @on_sql
 def test_switching_modes_replaces_the_trigger(store: Any, backend_name: str, strict: Any) -> None:
     store.guard_table(TABLE, mode="strict")  # again: the same
