@@ -492,17 +492,21 @@ class AsyncStore:
         """Create or upgrade fencing's own tables (idempotent)."""
         await self._live().migrate()
 
-    async def guard_table(self, name: str, *, version: str = "version", key: str = "id") -> None:
+    async def guard_table(
+        self, name: str, *, version: str = "version", key: str = "id", mode: str = "bump"
+    ) -> None:
         """Install the guard trigger ``fencing_guard_<name>`` on a table you own (SQL
         stores; idempotent). Any UPDATE that leaves ``version`` unchanged (a blind ORM
         save, a hand-written UPDATE) then bumps it by one, so every outstanding intent
         on the row is Stale; one that sets it lower is refused by the database
-        (``GuardRefused`` inside fencing). ``key`` is the table's key column (SQLite's
-        trigger finds the row by it: it must be unique). ``name`` may be ``schema.table``:
-        the trigger, still ``fencing_guard_<table>``, is made in that schema.
-        ``fencing migrate URL --guard-table`` does the same.
+        (``GuardRefused`` inside fencing). ``mode="strict"`` refuses the blind UPDATE
+        too, instead of bumping (for staging and tests: it finds blind writers); the
+        trigger is replaced when the mode changes. ``key`` is the table's key column
+        (SQLite's trigger finds the row by it: it must be unique). ``name`` may be
+        ``schema.table``: the trigger, still ``fencing_guard_<table>``, is made in that
+        schema. ``fencing migrate URL --guard-table`` does the same.
         """
-        await self._live().guard_table(guard_target(name, key, version))
+        await self._live().guard_table(guard_target(name, key, version, mode))
 
     async def unguard_table(self, name: str) -> None:
         """Remove the guard trigger from table ``name`` (fine if there is none), whatever

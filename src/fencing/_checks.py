@@ -23,8 +23,10 @@ from ._rules import check_ttl
 from ._validate import check_column, check_name, check_table, is_unicode
 
 __all__ = [
+    "GUARD_MODES",
     "GUARD_PREFIX",
     "GUARD_REFUSAL",
+    "GUARD_STRICT_REFUSAL",
     "MAX_OWNER_CHARS",
     "bind_mapped",
     "check_declared",
@@ -36,7 +38,9 @@ __all__ = [
     "found_effect",
     "guard_name",
     "guard_refusal",
+    "guard_strict_refusal",
     "guard_target",
+    "is_guard_refusal",
     "key_query",
     "mapped_binders",
     "pending_query",
@@ -55,6 +59,14 @@ GUARD_PREFIX = "fencing_guard_"
 #: tells a ``GuardRefused`` by it).
 GUARD_REFUSAL = "refused by fencing: a version never moves backwards"
 
+#: What a strict guard trigger's refusal of an UPDATE that leaves the version unchanged
+#: says (a blind writer: ``store.guard_table(name, mode="strict")``).
+GUARD_STRICT_REFUSAL = "refused by fencing (strict): the version must move"
+
+#: The guard trigger's modes: ``bump`` moves an unchanged version on, ``strict`` refuses
+#: the UPDATE (both refuse a version set lower).
+GUARD_MODES = ("bump", "strict")
+
 
 def guard_name(target: Target) -> tuple[str | None, str]:
     """The schema a guard trigger lives in (None: the table's, as found) and its name:
@@ -71,15 +83,33 @@ def guard_refusal(target: Target) -> str:
     return f"{guard_name(target)[1]}: UPDATE {GUARD_REFUSAL}"
 
 
-def guard_target(name: object, key: object, version: object) -> Target:
+def guard_strict_refusal(target: Target) -> str:
+    """The text of a strict guard trigger's refusal of a blind UPDATE (one that leaves
+    the version unchanged): as :func:`guard_refusal`, at most 124 characters, naming the
+    trigger and so the table (``fencing_guard_orders``)."""
+    return f"{guard_name(target)[1]}: UPDATE {GUARD_STRICT_REFUSAL}"
+
+
+def is_guard_refusal(text: str) -> bool:
+    """Whether a database error's text is a guard trigger's refusal (either kind)."""
+    return GUARD_REFUSAL in text or GUARD_STRICT_REFUSAL in text
+
+
+def guard_target(name: object, key: object, version: object, mode: object = "bump") -> Target:
     """The table of ``store.guard_table()`` / ``unguard_table()``: checked identifiers
-    (the table's plain or ``schema.table``), and a name short enough for its trigger's
-    (``fencing_guard_<table>``) to fit."""
+    (the table's plain or ``schema.table``), a name short enough for its trigger's
+    (``fencing_guard_<table>``) to fit, and the guard's mode (``"bump"`` or
+    ``"strict"``)."""
+    if not isinstance(mode, str) or mode not in GUARD_MODES:
+        raise InvalidInput(
+            f"guard mode must be one of {', '.join(map(repr, GUARD_MODES))}, not {mode!r}"
+        )
     target = Target(
         "table",
         check_table(name),
         check_column(key, "key column"),
         check_column(version, "version column"),
+        mode,
     )
     _, trigger = guard_name(target)
     if len(trigger) > 63:

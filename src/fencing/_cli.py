@@ -28,8 +28,10 @@ def _cmd_migrate(args: argparse.Namespace, store: Any = None) -> int:
     store.migrate()
     print(f"migrated {store.url}")
     for table in args.guard_table or ():
-        store.guard_table(table, version=args.version_column, key=args.key_column)
-        print(f"guarded table {table} (trigger fencing_guard_{table.rpartition('.')[2]})")
+        mode = args.guard_mode
+        store.guard_table(table, version=args.version_column, key=args.key_column, mode=mode)
+        trigger = f"fencing_guard_{table.rpartition('.')[2]}"
+        print(f"guarded table {table} (trigger {trigger}{', strict' if mode == 'strict' else ''})")
     for table in args.unguard_table or ():
         store.unguard_table(table)
         print(f"unguarded table {table}")
@@ -80,6 +82,13 @@ def migrate_arguments(p: argparse.ArgumentParser, *, url: bool = True) -> None:
         metavar="TABLE",
         help="install the guard trigger on TABLE (repeatable): any UPDATE that leaves its"
         " version unchanged bumps it, one that sets it lower is refused (docs/guard.md)",
+    )
+    p.add_argument(
+        "--guard-mode",
+        choices=("bump", "strict"),
+        default="bump",
+        help="what the guard does with an UPDATE that leaves the version unchanged: bump it"
+        " (default), or refuse it (strict: for staging, to find blind writers)",
     )
     p.add_argument(
         "--version-column", default="version", help="the guarded version column (version)"

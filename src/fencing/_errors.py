@@ -30,7 +30,8 @@ store that could not be reached::
         ├── StoreClosed                      the store was closed: every call refused
         ├── WrongEventLoop                   an async store used outside the loop that opened it
         ├── GuardRefused                     a table's guard trigger refused an UPDATE that
-        │                                    set its version lower (``store.guard_table``)
+        │                                    set its version lower, or (strict) left it
+        │                                    unchanged (``store.guard_table``)
         └── TransientStoreError              connection dropped, busy, timeout: the outcome
             │                                is unknown; retry with the *same* intent and
             │                                expect Duplicate if the first try landed
@@ -207,8 +208,9 @@ class WrongEventLoop(StoreError):
 
 class GuardRefused(StoreError):
     """A table's guard trigger (``store.guard_table()``, ``fencing migrate URL
-    --guard-table``) refused an UPDATE that set the version column lower than it was:
-    no writer may move a version backwards. Nothing of the statement was written."""
+    --guard-table``) refused an UPDATE that set the version column lower than it was
+    (no writer may move a version backwards), or, a strict guard (``mode="strict"``),
+    one that left it unchanged (a blind write). Nothing of the statement was written."""
 
 
 class TransientStoreError(StoreError):

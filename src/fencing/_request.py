@@ -70,6 +70,9 @@ class Target:
     name: str
     key_column: str = "key"
     version_column: str | None = "version"
+    #: ``guard_table`` only: what the guard trigger does with an UPDATE that leaves the
+    #: version unchanged, ``"bump"`` it or refuse it (``"strict"``; docs/guard.md).
+    guard_mode: str = "bump"
 
     @property
     def scope(self) -> str:

@@ -484,6 +484,42 @@ def test_a_migration_creates_a_table_and_guards_it(site: Site, tmp_path: Path) -
     assert site.fencing_tables() == set()
 
 
+def _refuses(site: Site) -> bool:
+    """Whether a blind UPDATE of ``items`` row 1 is refused (a strict guard), the row kept."""
+    try:
+        with site.engine().begin() as conn:
+            conn.exec_driver_sql("UPDATE items SET status = 'blind' WHERE id = 1")
+    except sqlalchemy.exc.DBAPIError as exc:
+        return "fencing_guard_items: UPDATE refused by fencing (strict)" in str(exc)
+    return False
+
+
+def test_a_migration_guards_strictly_and_the_next_one_switches_modes(
+    site: Site, tmp_path: Path
+) -> None:
+    env = Environment(site, tmp_path / "migrations")
+    strict = CREATE_ITEMS.replace(
+        'guard_table(op, "items")', 'guard_table(op, "items", mode="strict")'
+    )
+    env.add("0002", "0001", strict, "    unguard_table(op, 'items')\n    op.drop_table('items')")
+    env.add(
+        "0003",
+        "0002",
+        "    guard_table(op, 'items')",
+        "    guard_table(op, 'items', mode='strict')",
+    )
+    command.upgrade(env.config, "0002")
+    _add_item(site)
+    assert _refuses(site)
+    command.upgrade(env.config, "head")  # bump mode: the trigger replaced
+    assert not _refuses(site) and _bumps(site)
+    command.downgrade(env.config, "0002")  # strict again
+    assert _refuses(site)
+    script = _sql(env, "0002:head") + _sql(env, "head:0002", down=True)
+    assert "refused by fencing (strict)" in script  # offline: the strict trigger written out
+    command.downgrade(env.config, "base")
+
+
 @pytest.fixture
 def pg_site(tmp_path: Path) -> Iterator[Site]:
     yield from _pg_site(tmp_path, own_schema=False)

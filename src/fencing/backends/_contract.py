@@ -27,7 +27,8 @@ A guard trigger (``docs/guard.md``) is installed on a table the user owns by
 ``guard_table(target)`` (idempotent: installing again replaces it with the same) and
 removed by ``unguard_table(target)`` (removing an absent one is fine). Named
 ``fencing_guard_<table>``, it bumps ``target.version_column`` by one on any UPDATE that
-leaves it unchanged and refuses, as ``GuardRefused``, one that sets it lower. A store
+leaves it unchanged (``target.guard_mode == "strict"``: refuses it) and refuses, as
+``GuardRefused``, one that sets it lower. A store
 without foreign writers (memory, Redis) refuses both with ``ConfigurationError``.
 """
 

@@ -154,13 +154,20 @@ def downgrade_fencing(op: Migration | Connection, *, schema: str | None = None) 
 
 
 def guard_table(
-    op: Migration | Connection, name: str, *, version: str = "version", key: str = "id"
+    op: Migration | Connection,
+    name: str,
+    *,
+    version: str = "version",
+    key: str = "id",
+    mode: str = "bump",
 ) -> None:
     """Install the guard trigger ``fencing_guard_<name>`` on a table (``docs/guard.md``;
     as ``store.guard_table``, the same DDL) on the migration's own connection, so a table
     the same migration just created is there to guard. ``name`` may be
-    ``schema.table``. Idempotent; offline, its DDL is written out."""
-    _guard(op, guard_target(name, key, version), install=True)
+    ``schema.table``; ``mode="strict"`` refuses an UPDATE that leaves the version
+    unchanged instead of bumping it (a later migration calling this with the other mode
+    replaces the trigger). Idempotent; offline, its DDL is written out."""
+    _guard(op, guard_target(name, key, version, mode), install=True)
 
 
 def unguard_table(op: Migration | Connection, name: str) -> None:

@@ -24,10 +24,16 @@ history against the sequential model of a versioned record store::
 
 The format and the search are described in ``fencing.testing._linear``; the model
 in ``fencing.testing._linear_model``.
+
+Blind writers: ``WriteAudit`` reads the UPDATEs a test sends (SQLAlchemy, Django, an
+``sqlite3`` connection) and reports each one that wrote a watched table without moving
+its version; ``fencing.testing.pytest_plugin`` makes it a fixture and a marker
+(``fencing_audit``). See ``fencing.testing._audit`` and docs/guard.md.
 """
 
 from __future__ import annotations
 
+from ._audit import BlindWrite, BlindWriteError, WriteAudit, blind_updates
 from ._checker import ANOMALY_KINDS, LABELS, Anomaly, Report, check_file, check_history, iter_file
 from ._history import (
     LEASE_ACTIONS,
@@ -59,6 +65,8 @@ __all__ = [
     "LEASE_ACTIONS",
     "OUTCOMES",
     "Anomaly",
+    "BlindWrite",
+    "BlindWriteError",
     "EventSink",
     "HistoryError",
     "HistoryWriter",
@@ -68,6 +76,8 @@ __all__ = [
     "PartitionResult",
     "Recorder",
     "Report",
+    "WriteAudit",
+    "blind_updates",
     "check_file",
     "check_history",
     "check_linearizable",

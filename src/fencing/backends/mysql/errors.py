@@ -27,7 +27,7 @@ import importlib
 import sys
 from typing import Any, Final
 
-from ..._checks import GUARD_REFUSAL
+from ..._checks import is_guard_refusal
 from ..._errors import (
     ConfigurationError,
     FencingError,
@@ -181,7 +181,7 @@ def translate(exc: BaseException) -> FencingError:
         return SchemaError(f"{text} (run store.migrate() / fencing migrate URL?)")
     if code in _DATA_ERRORS:
         return InvalidState(f"{text}; nothing was written")
-    if code == _SIGNAL and GUARD_REFUSAL in text:
+    if code == _SIGNAL and is_guard_refusal(text):
         return GuardRefused(f"{text}; nothing was written")
     return StoreError(text)
 

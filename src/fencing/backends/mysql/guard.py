@@ -1,7 +1,8 @@
 """MySQL / MariaDB's guard trigger on a table the user owns (``docs/guard.md``): a
 BEFORE UPDATE FOR EACH ROW trigger ``fencing_guard_<table>`` that sets the version
-column to the old one plus one when an UPDATE leaves it unchanged (``<=>``: NULL-safe),
-and refuses with ``SIGNAL SQLSTATE '45000'`` one that sets it lower (or to NULL).
+column to the old one plus one when an UPDATE leaves it unchanged (``<=>``: NULL-safe;
+in strict mode it refuses that UPDATE with ``SIGNAL`` instead), and refuses with
+``SIGNAL SQLSTATE '45000'`` one that sets it lower (or to NULL).
 
 MySQL has no ``CREATE OR REPLACE TRIGGER`` (MariaDB has) and DDL commits on its own,
 so installing first reads the trigger there: the same text is left alone (a second
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..._checks import guard_name, guard_refusal
+from ..._checks import guard_name, guard_refusal, guard_strict_refusal
 from ..._errors import SchemaError
 from ..._flow import Flow
 from ..._request import Target
@@ -31,10 +32,13 @@ _FIND: Final = (
 def trigger_body(target: Target) -> str:
     """The trigger's body (as ``information_schema.TRIGGERS`` gives it back)."""
     v = quote(str(target.version_column))
+    unchanged = f"SET NEW.{v} = OLD.{v} + 1;"
+    if target.guard_mode == "strict":
+        unchanged = f"SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{guard_strict_refusal(target)}';"
     return (
         f"BEGIN IF NEW.{v} < OLD.{v} OR (NEW.{v} IS NULL AND OLD.{v} IS NOT NULL) THEN"
         f" SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{guard_refusal(target)}';"
-        f" ELSEIF NEW.{v} <=> OLD.{v} THEN SET NEW.{v} = OLD.{v} + 1; END IF; END"
+        f" ELSEIF NEW.{v} <=> OLD.{v} THEN {unchanged} END IF; END"
     )
 
 

@@ -22,7 +22,7 @@ from typing import Final
 import psycopg
 from psycopg_pool import PoolClosed, PoolTimeout
 
-from ..._checks import GUARD_REFUSAL
+from ..._checks import is_guard_refusal
 from ..._errors import (
     ConfigurationError,
     FencingError,
@@ -133,7 +133,7 @@ def translate(exc: Exception) -> FencingError:
         return Retry(text)
     if state == "23502" and getattr(diag, "table_name", None) == "fencing_applied":
         return Retry(text)
-    if state == "23514" and GUARD_REFUSAL in text:
+    if state == "23514" and is_guard_refusal(text):
         return GuardRefused(text)
     if isinstance(exc, UnicodeError):
         return InvalidInput(f"postgresql: text that cannot be encoded ({exc})")

@@ -2,7 +2,8 @@
 UPDATE FOR EACH ROW trigger ``fencing_guard_<table>`` running a plpgsql function of the
 same name, both in the table's own schema. The function bumps the version column by
 one when an UPDATE leaves it unchanged (``NEW := OLD + 1``, in the writer's own
-statement) and raises ``check_violation`` when one sets it lower (or to NULL).
+statement; in strict mode it raises ``check_violation`` instead) and raises
+``check_violation`` when one sets it lower (or to NULL).
 
 Installing first reads what is there (catalogs only: no lock on the table): a trigger and
 function already as they would be are left alone, so a second install (a deploy running
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..._checks import guard_name, guard_refusal
+from ..._checks import guard_name, guard_refusal, guard_strict_refusal
 from ..._errors import SchemaError
 from ..._flow import Flow
 from ..._request import Target
@@ -55,11 +56,20 @@ _REPLACE_TRIGGER: Final = 140000  # CREATE OR REPLACE TRIGGER, from PostgreSQL 1
 
 
 def _body(target: Target) -> str:
-    """The function's body, exactly as ``pg_proc.prosrc`` keeps it."""
+    """The function's body, exactly as ``pg_proc.prosrc`` keeps it: an unchanged version
+    bumped, or (strict mode) the UPDATE refused."""
     v = quoted(str(target.version_column))
+    unchanged = f"NEW.{v} := OLD.{v} + 1;"
+    if target.guard_mode == "strict":
+        unchanged = (
+            "RAISE EXCEPTION USING ERRCODE = 'check_violation',"
+            f" MESSAGE = '{guard_strict_refusal(target)}',"
+            f" DETAIL = 'version ' || coalesce(OLD.{v}::text, 'NULL') || ' left unchanged',"
+            " HINT = 'move the version (version = version + 1) or commit through fencing';"
+        )
     return (
         " BEGIN"
-        f" IF NEW.{v} IS NOT DISTINCT FROM OLD.{v} THEN NEW.{v} := OLD.{v} + 1;"
+        f" IF NEW.{v} IS NOT DISTINCT FROM OLD.{v} THEN {unchanged}"
         f" ELSIF NEW.{v} < OLD.{v} OR (NEW.{v} IS NULL AND OLD.{v} IS NOT NULL) THEN"
         " RAISE EXCEPTION USING ERRCODE = 'check_violation',"
         f" MESSAGE = '{guard_refusal(target)}',"

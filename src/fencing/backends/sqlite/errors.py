@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from ..._checks import GUARD_REFUSAL
+from ..._checks import is_guard_refusal
 from ..._errors import FencingError, GuardRefused, SchemaError, StoreError, TransientStoreError
 
 __all__ = ["translate"]
@@ -15,7 +15,7 @@ __all__ = ["translate"]
 def translate(exc: sqlite3.Error) -> FencingError:
     """The fencing error for a driver error (``raise translate(exc) from exc``)."""
     text = str(exc)
-    if GUARD_REFUSAL in text:
+    if is_guard_refusal(text):
         return GuardRefused(f"sqlite: {text}")
     if isinstance(exc, sqlite3.OperationalError) and (
         "locked" in text or "busy" in text or "disk I/O" in text

@@ -6,7 +6,9 @@ A BEFORE UPDATE trigger cannot change NEW in SQLite, so the guard is two trigger
   old one plus one on the same row (found by the key column, so a WITHOUT ROWID table
   works too). Its own UPDATE moves the version, so it never fires itself again, with
   or without ``PRAGMA recursive_triggers``; it runs inside the writer's statement, so the
-  write and the bump are one atomic change;
+  write and the bump are one atomic change. In strict mode it is a BEFORE UPDATE trigger
+  instead, WHEN the version is unchanged, that ``RAISE(ABORT, ...)``: a blind write is
+  refused;
 * ``fencing_guardlow_<table>``: BEFORE UPDATE, WHEN the version would go lower (or to
   NULL), ``RAISE(ABORT, ...)``: the statement is undone, the transaction goes on.
 
@@ -19,7 +21,13 @@ from __future__ import annotations
 
 import sqlite3
 
-from ..._checks import GUARD_PREFIX, check_unique_key, guard_name, guard_refusal
+from ..._checks import (
+    GUARD_PREFIX,
+    check_unique_key,
+    guard_name,
+    guard_refusal,
+    guard_strict_refusal,
+)
 from ..._errors import SchemaError
 from ..._request import Target
 from .operations import describe
@@ -48,10 +56,19 @@ def _create(target: Target) -> tuple[str, str]:
     bump, low = (where + quote(n) for n in trigger_names(target))
     t, v = quote(target.name.rpartition(".")[2]), quote(str(target.version_column))
     k = quote(target.key_column)
-    return (
+    unchanged = (
         f"CREATE TRIGGER {bump} AFTER UPDATE ON {t} FOR EACH ROW"
         f" WHEN NEW.{v} IS OLD.{v}"
-        f" BEGIN UPDATE {t} SET {v} = OLD.{v} + 1 WHERE {k} = NEW.{k}; END",
+        f" BEGIN UPDATE {t} SET {v} = OLD.{v} + 1 WHERE {k} = NEW.{k}; END"
+    )
+    if target.guard_mode == "strict":
+        unchanged = (
+            f"CREATE TRIGGER {bump} BEFORE UPDATE ON {t} FOR EACH ROW"
+            f" WHEN NEW.{v} IS OLD.{v}"
+            f" BEGIN SELECT RAISE(ABORT, '{guard_strict_refusal(target)}'); END"
+        )
+    return (
+        unchanged,
         f"CREATE TRIGGER {low} BEFORE UPDATE OF {v} ON {t} FOR EACH ROW"
         f" WHEN NEW.{v} < OLD.{v} OR (NEW.{v} IS NULL AND OLD.{v} IS NOT NULL)"
         f" BEGIN SELECT RAISE(ABORT, '{guard_refusal(target)}'); END",

@@ -170,15 +170,17 @@ def _missing_guards(alias: str, app_configs: Any) -> list[checks.CheckMessage]:
             continue
         target = operation.target(model)
         if not _installed(connection, target):
+            strict = target.guard_mode == "strict"
             found.append(
                 checks.Warning(
                     "the guard trigger the migrations installed is"
                     f" missing from table {target.name!r} on database {alias!r}: writes"
                     " that leave its version unchanged are not fenced",
                     hint="Install it again: a migration with GuardTable("
-                    f"{model._meta.label!r}) after the one that rebuilt the table, or"
+                    f"{model._meta.label!r}{', mode=' + repr('strict') if strict else ''})"
+                    " after the one that rebuilt the table, or"
                     f" `manage.py fencing_migrate --database {alias} --guard-model"
-                    f" {model._meta.label}`.",
+                    f" {model._meta.label}{' --guard-mode strict' if strict else ''}`.",
                     obj=model,
                     id="fencing.W003",
                 )

@@ -196,16 +196,24 @@ class UpgradeFencingTables(CreateFencingTables):
 # -- a table's guard trigger -------------------------------------------------------------
 class _GuardOperation(_Operation):
     def __init__(
-        self, model: str, version: str | None = None, hints: dict[str, Any] | None = None
+        self,
+        model: str,
+        version: str | None = None,
+        hints: dict[str, Any] | None = None,
+        mode: str = "bump",
     ) -> None:
         self.model = model
         self.version = version
         self.hints = dict(hints or {})
+        guard_target("checked", "id", "version", mode)  # a bad mode: refused when written
+        self.mode = mode
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         kwargs: dict[str, Any] = {}
         if self.version is not None:
             kwargs["version"] = self.version
+        if self.mode != "bump":
+            kwargs["mode"] = self.mode
         if self.hints:
             kwargs["hints"] = self.hints
         return type(self).__qualname__, [self.model], kwargs
@@ -235,7 +243,7 @@ class _GuardOperation(_Operation):
                 f"{model._meta.label} has no VersionField: GuardTable({self.model!r},"
                 " version=...) names the field the guard moves on"
             )
-        return guard_target(table, key, column)
+        return guard_target(table, key, column, self.mode)
 
     def _install(self, app_label: str, schema_editor: Any, state: Any) -> None:
         model = self._model(app_label, state)
@@ -267,11 +275,15 @@ class _GuardOperation(_Operation):
 class GuardTable(_GuardOperation):
     """Install fencing's guard trigger on ``model``'s table (``"Order"`` in the
     migration's app, or ``"shop.Order"``): an UPDATE that leaves the version unchanged
-    bumps it, one that sets it lower is refused (docs/guard.md). The version column is
-    the model's ``VersionField`` (or ``version=`` a field's name). Backwards: removed."""
+    bumps it, one that sets it lower is refused (docs/guard.md); ``mode="strict"``
+    refuses the unchanged one too (staging: blind writers fail loudly). The version
+    column is the model's ``VersionField`` (or ``version=`` a field's name). A later
+    ``GuardTable`` of the same model with another mode replaces the trigger.
+    Backwards: removed."""
 
     def describe(self) -> str:
-        return f"Install fencing's guard trigger on {self.model}"
+        strict = " (strict)" if self.mode == "strict" else ""
+        return f"Install fencing's guard trigger{strict} on {self.model}"
 
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any

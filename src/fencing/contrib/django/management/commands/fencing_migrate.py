@@ -36,8 +36,10 @@ def _run(args: argparse.Namespace, store: Any) -> int:
         code = _cli._cmd_migrate(args, store)
         for label in args.guard_model or ():
             table, key, version = mapped_table(_model(label), None)
-            store.guard_table(table, version=version or args.version_column, key=key)
-            print(f"guarded model {label} (table {table})")
+            column = version or args.version_column
+            store.guard_table(table, version=column, key=key, mode=args.guard_mode)
+            strict = ", strict" if args.guard_mode == "strict" else ""
+            print(f"guarded model {label} (table {table}{strict})")
         for label in args.unguard_model or ():
             table = mapped_table(_model(label), None)[0]
             store.unguard_table(table)
