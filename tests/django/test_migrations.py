@@ -321,7 +321,7 @@ def test_the_commands_run_on_the_alias_store(project: Project) -> None:
     done = project.manage("fencing_reconcile")
     assert done.stdout == "no effect needs reconciling\n"
     stats = json.loads(project.manage("fencing_stats", "--json").stdout)
-    assert stats["outbox"] == {"dead": 0, "oldest_age": 0.0, "pending": 0}
+    assert stats["outbox"] == {"dead": 0, "oldest_age": 0.0, "pending": 0, "superseded": 0}
     unknown = project.manage("fencing_stats", "--database", "nope", ok=False)
     assert unknown.returncode == 1
     assert "no database 'nope' in settings.DATABASES" in unknown.stderr

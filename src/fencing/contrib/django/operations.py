@@ -246,19 +246,14 @@ class _GuardOperation(_Operation):
         return guard_target(table, key, column, self.mode)
 
     def _install(self, app_label: str, schema_editor: Any, state: Any) -> None:
-        model = self._model(app_label, state)
-        connection = schema_editor.connection
-        if not self.allow_migrate_model(connection.alias, model):
-            return
-        vendor = _vendor(connection)
-        target = self.target(model)
-        planned: tuple[str, ...] = ()
-        if schema_editor.collect_sql:
-            planned = _guard_ddl(connection, vendor, target, remove=False)
-        flows = _flows(vendor, fencing_schema(connection.alias))
-        _run(schema_editor, flows.guard_table(target), planned)
+        self._change(app_label, schema_editor, state, remove=False)
 
     def _remove(self, app_label: str, schema_editor: Any, state: Any) -> None:
+        self._change(app_label, schema_editor, state, remove=True)
+
+    def _change(self, app_label: str, schema_editor: Any, state: Any, *, remove: bool) -> None:
+        """Install (or remove) the guard on the migration's connection; with
+        ``sqlmigrate`` (collect_sql) its DDL is written out as planned."""
         model = self._model(app_label, state)
         connection = schema_editor.connection
         if not self.allow_migrate_model(connection.alias, model):
@@ -267,9 +262,10 @@ class _GuardOperation(_Operation):
         target = self.target(model)
         planned: tuple[str, ...] = ()
         if schema_editor.collect_sql:
-            planned = _guard_ddl(connection, vendor, target, remove=True)
+            planned = _guard_ddl(connection, vendor, target, remove=remove)
         flows = _flows(vendor, fencing_schema(connection.alias))
-        _run(schema_editor, flows.unguard_table(target), planned)
+        steps = flows.unguard_table(target) if remove else flows.guard_table(target)
+        _run(schema_editor, steps, planned)
 
 
 class GuardTable(_GuardOperation):
