@@ -176,22 +176,24 @@ def test_an_outbox_row_from_a_stored_row() -> None:
 
     stored = (
         "7", "celery", "ship", 5, 3, '{"a": 1}', 42, "10.5", "2", 9,
-        "4", 8, "20", "30", "1", "40", "an extra column",
+        "4", 8, "20", "30", "1", "40", "50", "60", "70", "an extra column",
     )  # fmt: skip
     assert outbox_row(stored) == OutboxRow(
         7, "celery", "ship", "5", "3", {"a": 1}, "42", 10.5, 2, "9",
-        4, "8", 20.0, 30.0, 1, 40.0,
+        4, "8", 20.0, 30.0, 1, 40.0, 50.0, 60.0, 70.0,
     )  # fmt: skip
-    nulls = (1, "rq", "t", None, "{}", None, "k", 1, 0, None, None, None, None, None, 0, None)
+    nulls = (1, "rq", "t", None, "{}", None, "k", 1, 0, None, None, None, None, None, 0)
+    nulls += (None,) * 4
     assert outbox_row(nulls) == OutboxRow(
-        1, "rq", "t", None, "{}", {}, "k", 1.0, 0, None, None, None, None, None, 0, None
-    )
+        1, "rq", "t", None, "{}", {}, "k", 1.0, 0, None, None, None, None, None, 0,
+        None, None, None, None,
+    )  # fmt: skip
     as_dict = outbox_row(
-        (1, "rq", "t", None, "{}", {"b": 2}, "k", 1, 0, None) + (None,) * 4 + (0, None)
+        (1, "rq", "t", None, "{}", {"b": 2}, "k", 1, 0, None) + (None,) * 4 + (0,) + (None,) * 4
     )
     assert as_dict.options == {"b": 2}
     assert outbox_row(
-        (1, "rq", "t", None, "{}", b'{"c": 3}', "k", 1, 0) + (None,) * 5 + (0, None)
+        (1, "rq", "t", None, "{}", b'{"c": 3}', "k", 1, 0) + (None,) * 5 + (0,) + (None,) * 4
     ).options == {"c": 3}
 
 
