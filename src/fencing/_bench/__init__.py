@@ -26,6 +26,7 @@ OPERATIONS: Final = (
     "table",
     "guard",
     "using",
+    "worktx",
     "apply",
     "many",
     "fenced",
