@@ -73,6 +73,7 @@ class ChainResult:
 
     mode: str
     orders: int
+    run_id: str = ""
     seconds: float = 0.0
     killed_before_commit: int = 0
     killed_after_commit: int = 0
@@ -92,6 +93,7 @@ class ChainResult:
     notify_lost_orders: list[int] = dataclasses.field(default_factory=list)
     shipped_twice_orders: list[int] = dataclasses.field(default_factory=list)
     notify_duplicates_refused: int = 0
+    notify_rows: int = 0  # notify's outbox rows (chain: one per order, none of a killed run)
     errors: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -191,6 +193,11 @@ def _judge(run: _Run, path: str, run_id: str, result: ChainResult) -> None:
                 f"SELECT order_id, COUNT(*) FROM {name} WHERE mode = ? GROUP BY order_id", (mode,)
             )
             counts[name] = dict(rows)
+        okey = f"table:{orders_table(run_id, mode)}:%"
+        (rows,) = conn.execute(
+            "SELECT COUNT(*) FROM fencing_outbox WHERE okey LIKE ?", (okey,)
+        ).fetchone()
+        result.notify_rows = int(rows)
     finally:
         conn.close()
     shipments = counts[shipments_table(run_id)]
@@ -274,7 +281,7 @@ def run_chain_demo(
                     events,
                     advance,
                 )
-                result = ChainResult(mode, config.tasks)
+                result = ChainResult(mode, config.tasks, run_id)
 
                 def send(intent: fencing.Intent, mode: str = mode) -> None:
                     sender.send_chain("ship", mode, intent)
