@@ -40,6 +40,7 @@ CASES = [
     ("dramatiq", "redis"),
     ("arq", "redis"),
     ("celery", "rabbitmq"),
+    ("dramatiq", "rabbitmq"),
 ]
 ORDERS, SEED = 20, 7
 

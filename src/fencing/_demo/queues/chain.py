@@ -94,6 +94,7 @@ class ChainResult:
     shipped_twice_orders: list[int] = dataclasses.field(default_factory=list)
     notify_duplicates_refused: int = 0
     notify_rows: int = 0  # notify's outbox rows (chain: one per order, none of a killed run)
+    retries: int = 0
     errors: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -221,7 +222,8 @@ def _judge(run: _Run, path: str, run_id: str, result: ChainResult) -> None:
                 result.ship_duplicates_refused += 1
             else:
                 result.notify_duplicates_refused += 1
-        if what in ("fail", "refuse", "retry") and "lease" not in str(line.get("detail")):
+        result.retries += what == "retry"  # a transient error: the queue runs it again
+        if what in ("fail", "refuse"):
             result.errors.append(f"{step} {line['order']}: {line.get('detail', what)}")
     result.notify_sent = run.sent
     if run.relays is not None:
