@@ -6,13 +6,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sqlite3
 import subprocess
 import sys
 from typing import Any
 
 import pytest
 
-from fencing._bench._harness import Block, Contest, Plan, Side, measure, order, rows_for
+from fencing._bench._harness import Block, Contest, Plan, Side, Skip, measure, order, rows_for
 from fencing._cli import main
 
 from ._backends import CI, require_server, server_up
@@ -30,6 +31,9 @@ BOTH = {
     "commit_many (100/call)",
     "commit under lease",
 }
+#: a fenced task shipping, booking a row and sending the next step in the worker's
+#: transaction, beside today's fenced task then the row's and the send's own transactions
+WORKTX = "fenced task: commit + own row + outbox send"
 SQLITE_OPERATIONS = {
     "collection.commit",
     STALE,
@@ -37,6 +41,7 @@ SQLITE_OPERATIONS = {
     "table.commit",
     GUARD,
     USING,
+    WORKTX,
     "apply",
     "commit_many (100/call)",
     "commit under lease",
@@ -97,6 +102,8 @@ def test_sqlite_quick_json(capsys: pytest.CaptureFixture[str]) -> None:
             baselines = {"no trigger"}
         elif row["operation"] == METRICS:
             baselines = {"metrics off"}
+        elif row["operation"] == WORKTX:
+            baselines = {"fenced_task, separate"}
         elif row["operation"] == USING:
             baselines = {"fencing, own connections", "hand-written"}
         assert row["store"] == "sqlite" and row["baseline"] in baselines
@@ -143,7 +150,8 @@ def test_server_quick_json(capsys: pytest.CaptureFixture[str], server: str) -> N
     assert not [r for r in rows if r["kind"] == "skipped"], rows
     pairs = [r for r in rows if r["kind"] == "pair"]
     assert {r["store"] for r in pairs} == {server}
-    expected = SQLITE_OPERATIONS - ({"table.commit", GUARD, USING} if server == "redis" else set())
+    sql_only = {"table.commit", GUARD, USING, WORKTX}
+    expected = SQLITE_OPERATIONS - (sql_only if server == "redis" else set())
     assert expected <= {r["operation"] for r in pairs}
     for row in pairs:
         check_pair(row)
@@ -352,3 +360,34 @@ def test_scale_quick(capsys: pytest.CaptureFixture[str]) -> None:
     assert [r["store"] for r in prunes] == stores
     for row in prunes:
         assert row["removed"] >= 1000 and row["prune_s"] > 0
+
+
+def test_worktx_sides_do_the_same_work() -> None:
+    """Both sides of the worker-transaction contest ship, book a row and send the next
+    step: one commit, one shipment row and one outbox row per call, each."""
+    from fencing._bench._sqlite import SQLiteBench
+
+    bench = SQLiteBench(None, "normal")
+    try:
+        contest = bench.worktx()
+        assert not isinstance(contest, Skip)
+        joined, separate = contest.sides
+        assert joined.label == "fencing, worker transaction"
+        assert separate.label == "fenced_task, separate"
+        conn = sqlite3.connect(bench.path)
+        try:
+            shipments = f"bench_ship_{bench.suffix}"
+            for side, done in ((joined, 3), (separate, 6)):
+                block = side.prepare(3)
+                for i in range(3):
+                    block.stages[0](i)
+                (rows,) = conn.execute(f"SELECT COUNT(*) FROM {shipments}").fetchone()
+                (sent,) = conn.execute("SELECT COUNT(*) FROM fencing_outbox").fetchone()
+                assert (rows, sent) == (done, done), side.label
+            table = bench.store.table(f"bench_worktx_{bench.suffix}")
+            shipped = [table.get(k).version for k in (1, 2, 3, 51, 52, 53)]
+            assert shipped == [2] * 6
+        finally:
+            conn.close()
+    finally:
+        bench.close()

@@ -27,6 +27,7 @@ OPERATIONS: Final = (
     "table",
     "guard",
     "using",
+    "worktx",
     "apply",
     "many",
     "fenced",

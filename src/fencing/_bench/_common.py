@@ -8,13 +8,16 @@ on every store. Each store module supplies its hand-written baselines (a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 import fencing
 
-from .._values import Intent, Kind, Outcome, Record, new_intent_id
+from .._values import Committed, Intent, Kind, Outcome, Record, new_intent_id
 from . import _answer
 from ._harness import BenchFailed, Block, Contest, Side, Skip
 
@@ -57,6 +60,9 @@ NO_TRIGGER: Final = "no trigger"
 #: The ``metrics`` contest's operation, and its baseline's label.
 METRICS_OPERATION: Final = "collection.commit, Prometheus metrics on"
 METRICS_OFF: Final = "metrics off"
+#: The ``worktx`` contest's operation, and its baseline's label.
+WORKTX_OPERATION: Final = "fenced task: commit + own row + outbox send"
+WORKTX_SEPARATE: Final = "fenced_task, separate"
 
 K = TypeVar("K", str, int)
 Builder = Callable[[], Contest | Skip]
@@ -187,6 +193,71 @@ class FencingOps:
             prepare,
         )
 
+    def worker_task(
+        self, table: fencing.Table, conn: Any, shipments: str, keys: Sequence[int], joined: bool
+    ) -> Side:
+        """One delivery of a fenced task that ships an order, books a shipment row and
+        sends the next step through the outbox. ``joined``: all three in the worker's
+        transaction on ``conn`` (``transaction=``, ``then=``); else today's fenced task
+        (its commit on the store's own connection), then the row on ``conn`` and its
+        COMMIT, then ``store.outbox.send`` on the store's own connection."""
+        from ..contrib._common import FencedTask, Step
+
+        mark = "?" if _paramstyle(conn) == "qmark" else "%s"
+        book = f"INSERT INTO {shipments} (order_id, note) VALUES ({mark}, {mark})"
+        notify = notify_task(f"bench.notify-{self.suffix}", table)
+
+        def ship(record: Record) -> dict[str, Any]:
+            return {"status": "shipped", "total": int(record.state.get("total") or 0) + 1}
+
+        @contextlib.contextmanager
+        def transaction() -> Iterator[Any]:
+            try:
+                yield conn
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+
+        def then(step: Step) -> None:
+            step.connection.cursor().execute(book, (int(step.record.key), "shipped"))
+            step.send(notify, step.record, "notify")
+
+        options: dict[str, Any] = {"transaction": transaction, "then": then} if joined else {}
+        name = f"bench.ship-{self.suffix}"
+        spec = FencedTask(name=name, target=table, decide=ship, **options)
+        send = self.store.outbox.send
+        cursor = Cursor(keys)
+
+        def prepare(n: int) -> Block:
+            payloads = [
+                Intent(new_id(), table.name, key, version, "ship", kind="table").to_json()
+                for key, version in cursor.take(n)
+            ]
+
+            def op(i: int) -> None:
+                outcome = spec.run(payloads[i]).outcome
+                if not isinstance(outcome, Committed):
+                    raise BenchFailed(f"a measured fenced task did not commit: {outcome!r}")
+                if not joined:
+                    conn.cursor().execute(book, (int(outcome.record.key), "shipped"))
+                    conn.commit()
+                    send(notify, outcome.record, "notify")
+
+            return Block([op])
+
+        if joined:
+            return Side(
+                "fencing, worker transaction",
+                "fenced task with transaction= and then=: commit, row, outbox.send, one COMMIT",
+                prepare,
+            )
+        return Side(
+            WORKTX_SEPARATE,
+            "fenced task on the store's connection; then INSERT + COMMIT; then outbox.send",
+            prepare,
+        )
+
     def apply(self, keys: Sequence[str]) -> Side:
         cursor, apply = Cursor(keys), self.coll.apply
 
@@ -267,6 +338,25 @@ class HandWritten(Protocol):
     def close(self) -> None: ...
 
 
+def _paramstyle(conn: Any) -> str:
+    """The DB-API paramstyle of a driver connection (``qmark`` for sqlite3)."""
+    module = sys.modules.get(type(conn).__module__.split(".")[0])
+    return str(getattr(module, "paramstyle", "format"))
+
+
+def notify_task(name: str, table: fencing.Table) -> Any:
+    """A fenced task ``outbox.send`` accepts, without a queue: rows routed as Celery's."""
+    from ..contrib._common import FencedTask
+
+    spec = FencedTask(name=name, target=table, decide=lambda record: {"status": "notified"})
+
+    def route(task: Any, options: dict[str, Any]) -> tuple[str, str, str | None, dict[str, Any]]:
+        return "celery", name, None, options
+
+    spec.outbox_route = route
+    return SimpleNamespace(fencing=spec, name=name)
+
+
 class Bench:
     """One store and setting: fencing beside a store's hand-written baselines.
 
@@ -287,6 +377,7 @@ class Bench:
         self.hand = hand
         self.suffix = suffix
         self.ours = FencingOps(store, suffix)
+        self._outbox_tasks: list[str] = []
 
     # -- hooks ---------------------------------------------------------------------------
     def fencing_table(self) -> fencing.Table | Skip:
@@ -319,6 +410,7 @@ class Bench:
         if self.guard_trigger:
             found.insert(2, ("guard", self.guard))
             found.insert(3, ("using", self.using))
+            found.insert(4, ("worktx", self.worktx))
         return found
 
     def _records(self, prefix: str) -> list[str]:
@@ -434,6 +526,29 @@ class Bench:
         )
         return Contest((USING_OPERATION,), (bound, own, *self._hand_table()))
 
+    def worktx(self) -> Contest | Skip:
+        """A fenced task that ships, books a shipment row and sends the next step through
+        the outbox: all in the worker's transaction (``transaction=``, ``then=``) beside
+        today's fenced task followed by the row's and the send's own transactions,
+        alternately in one run: what the worker transaction costs."""
+        joined = self.borrowed()
+        if isinstance(joined, Skip):
+            return Skip(WORKTX_OPERATION, joined.reason)
+        separate = self.borrowed()
+        table = self.user_table(f"bench_worktx_{self.suffix}")
+        shipments = f"bench_ship_{self.suffix}"
+        joined.cursor().execute(f"CREATE TABLE {shipments} (order_id INTEGER, note VARCHAR(40))")
+        joined.commit()
+        made: list[str] | None = getattr(self, "_tables_made", None)
+        if made is not None:
+            made.append(shipments)
+        self._outbox_tasks.append(f"bench.notify-{self.suffix}")
+        keys = list(range(1, KEYS + 1))
+        half = len(keys) // 2  # the two sides never share a row
+        ours = self.ours.worker_task(table, joined, shipments, keys[:half], joined=True)
+        theirs = self.ours.worker_task(table, separate, shipments, keys[half:], joined=False)
+        return Contest((WORKTX_OPERATION,), (ours, theirs))
+
     def apply(self) -> Contest:
         keys = self._records("a")
         answer = _answer.apply_side(self.answering, self._answer_records(keys), keys)
@@ -495,12 +610,23 @@ class Bench:
         theirs = replace(off, label=METRICS_OFF, method="the same commit, nothing enabled")
         return Contest((METRICS_OPERATION,), (ours, theirs))
 
+    def _forget_outbox(self) -> None:
+        """Delete the outbox rows the ``worktx`` contest sent (a store of the user's)."""
+        if not self._outbox_tasks:
+            return
+        conn = self.borrowed()
+        mark = "?" if _paramstyle(conn) == "qmark" else "%s"
+        for task in self._outbox_tasks:
+            conn.cursor().execute(f"DELETE FROM fencing_outbox WHERE task = {mark}", (task,))
+        conn.commit()
+
     def close(self) -> None:
         """Delete fencing's records, close the store, drop the rest, close the baseline."""
         try:
             try:
                 if self.cleanup_records:
                     self.ours.cleanup()
+                    self._forget_outbox()
             finally:
                 self.store.close()
         finally:

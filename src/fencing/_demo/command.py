@@ -60,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " the task) vs the transactional outbox and a relay SIGKILLed mid-run",
     )
     parser.add_argument(
+        "--chain",
+        action="store_true",
+        help="with --queue and --outbox: a two-step chain, ship -> notify, whose worker is"
+        " SIGKILLed before and after its commit; naive (commit, then enqueue) vs the worker's"
+        " transaction (commit, shipment row and notify's outbox row together)",
+    )
+    parser.add_argument(
         "--report",
         metavar="FILE",
         help="also write the race as one self-contained HTML page (race.html): the"
@@ -84,6 +91,7 @@ def _config(args: argparse.Namespace) -> DemoConfig:
         broker=args.broker,
         outbox=args.outbox,
         report=args.report,
+        chain=args.chain,
     )
 
 
@@ -101,6 +109,15 @@ def _summary(config: DemoConfig, results: dict[str, RunResult]) -> dict[str, Any
 def run(args: argparse.Namespace) -> int:
     config = _config(args)
     validate(config)
+    if args.json and config.chain:
+        from .queues.chain import run_chain_demo
+
+        chained = run_chain_demo(config)
+        ok = chained["chain"].ok
+        out = {"ok": ok, "config": asdict(config)}
+        out["runs"] = {mode: result.to_dict() for mode, result in chained.items()}
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return 0 if ok else 1
     if args.json and config.outbox:
         from .queues.outbox import run_outbox_demo
 

@@ -22,6 +22,7 @@ class DemoConfig:
     broker: str | None = None  # the queue's broker URL (default: a local Redis database)
     outbox: bool = False  # with queue: naive send after commit vs the outbox and a relay
     report: str | None = None  # write the race as an HTML page here (report.py)
+    chain: bool = False  # with outbox: ship -> notify, naive vs in the worker's transaction
 
 
 QUEUES: Final = ("celery", "rq", "dramatiq", "arq")
@@ -41,6 +42,8 @@ def validate(config: DemoConfig) -> None:
         raise InvalidInput("--queue runs worker processes of its own: drop --processes")
     if config.outbox and config.queue is None:
         raise InvalidInput("--outbox needs --queue (celery, rq, dramatiq or arq)")
+    if config.chain and not config.outbox:
+        raise InvalidInput("--chain needs --queue and --outbox (--queue celery --outbox --chain)")
     if config.outbox and config.store is not None:
         raise InvalidInput(
             "--outbox runs on the demo's own SQLite file (its relay would publish any row"

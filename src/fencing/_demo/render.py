@@ -56,6 +56,10 @@ def run_rich(config: DemoConfig) -> int:
     bars: dict[str, Any] = {}
 
     titles = OUTBOX_TITLES if config.outbox else TITLES
+    if config.chain:
+        from .queues.chain import TITLES as CHAIN_TITLES
+
+        titles = CHAIN_TITLES
 
     def on_start(mode: str, total: int) -> None:
         bars[mode] = progress.add_task(f"{titles[mode]:>28}", total=total)
@@ -63,6 +67,13 @@ def run_rich(config: DemoConfig) -> int:
     def on_progress(mode: str, n: int) -> None:
         progress.advance(bars[mode], n)
 
+    if config.chain:
+        from .queues.chain import run_chain_demo
+
+        with progress:
+            chained = run_chain_demo(config, on_start, on_progress)
+        console.print(_chain_table(chained))
+        return _chain_verdict(console, chained)
     if config.outbox:
         from .queues.outbox import run_outbox_demo
 
@@ -201,8 +212,82 @@ def _outbox_verdict(console: Any, runs: dict[str, Any], arq: bool) -> int:
     return 0
 
 
+def _chain_table(runs: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    from .queues.chain import TITLES as CHAIN_TITLES
+
+    table = Table(title="ship -> notify, the same orders and the same crashes")
+    table.add_column("")
+    for mode in runs:
+        table.add_column(CHAIN_TITLES[mode], justify="right")
+
+    def row(label: str, name: str, bad: bool = False) -> None:
+        cells = []
+        for result in runs.values():
+            value = int(getattr(result, name))
+            cells.append(f"[bold red]{value}[/]" if bad and value else str(value))
+        table.add_row(label, *cells)
+
+    row("orders", "orders")
+    row("worker SIGKILLed between its row and its commit", "killed_before_commit")
+    row("worker SIGKILLed after its commit, before the ack", "killed_after_commit")
+    row("relay SIGKILLed (after a publish)", "relay_kills")
+    table.add_section()
+    row("ship: shipped once", "shipped_once")
+    row("ship: shipped twice (two shipment rows)", "shipped_twice", bad=True)
+    row("ship: lost (never shipped)", "ship_lost", bad=True)
+    row("ship: duplicates refused", "ship_duplicates_refused")
+    table.add_section()
+    row("notify: messages sent (with re-publishes)", "notify_sent")
+    row("notify: published again (relay killed)", "notify_republished")
+    row("notify: notified exactly once", "notified_once")
+    row("notify: notified twice", "notified_twice", bad=True)
+    row("notify: lost (shipped, never notified)", "notify_lost", bad=True)
+    row("notify: duplicates refused", "notify_duplicates_refused")
+    return table
+
+
+def _chain_verdict(console: Any, runs: dict[str, Any]) -> int:
+    naive, chain = runs["naive"], runs["chain"]
+    for mode, result in runs.items():
+        for error in result.errors[:3]:
+            console.print(f"[yellow]{mode} worker error:[/] {error}")
+    if not chain.ok:
+        console.print(
+            f"[bold red]FAIL[/]: in the worker's transaction {chain.shipped_once} of"
+            f" {chain.orders} orders shipped once and {chain.notified_once} notified once;"
+            f" lost {chain.lost}, shipped twice {chain.shipped_twice}, notified twice"
+            f" {chain.notified_twice}"
+        )
+        return 1
+    console.print(
+        f"[bold green]PASS[/]: in the worker's transaction every one of the {chain.orders}"
+        f" orders was shipped once and notified exactly once, lost 0, with"
+        f" {chain.killed_before_commit} worker(s) killed before their commit,"
+        f" {chain.killed_after_commit} after it and the relay killed {chain.relay_kills}"
+        f" times; {chain.ship_duplicates_refused} ship and"
+        f" {chain.notify_duplicates_refused} notify duplicate(s) refused."
+    )
+    console.print(
+        f"Naive, on the same orders and crashes: {naive.shipped_twice} order(s) shipped"
+        f" twice, {naive.notify_lost} notification(s) lost, {naive.notified_twice} sent twice."
+    )
+    return 0
+
+
 def _queue_intro(config: DemoConfig, specs: list[TaskSpec]) -> str:
     paused = sum(1 for s in specs if s.pause > 0)
+    if config.chain:
+        return (
+            f"Shipping {config.tasks} orders through {config.queue} on {config.workers} worker"
+            f" processes (seed {config.seed}), each a chain of two fenced steps, ship then"
+            " notify, twice: naive (the shipment row, then the fenced commit, then notify"
+            " enqueued), then in the worker's transaction (the fenced commit, the shipment"
+            " row and notify's outbox row together; a relay publishes it, SIGKILLed twice)."
+            " For some orders (seeded) the first ship worker is SIGKILLed between its row and"
+            " its commit, for others after its commit, before the ack."
+        )
     if config.outbox:
         return (
             f"Deciding {len(specs)} tasks through {config.queue} on {config.workers} worker"

@@ -32,7 +32,10 @@ starts, replaces and stops the worker processes; ``modules`` picks the queue's m
 processes import by its module path; ``_tasks`` is what those workers run, whatever the
 queue; ``_broker`` checks the broker and deletes the run's keys. With ``--outbox``, ``outbox``
 runs the schedule twice through the fenced tasks, the send after the commit naive and
-through the transactional outbox, and ``relay`` runs the relay processes it kills.
+through the transactional outbox, and ``relay`` runs the relay processes it kills. With
+``--chain`` too, ``chain`` ships orders through a two-step chain, ship -> notify, naive and
+in the worker's transaction, its workers killed before and after their commit; ``_chain``
+is what those workers run.
 """
 
 from __future__ import annotations

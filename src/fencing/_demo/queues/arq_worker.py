@@ -28,7 +28,7 @@ import uuid
 from typing import Any, ClassVar, Final
 
 from ...contrib.arq import FencedFunction, enqueue_intent, fenced_function
-from . import _tasks
+from . import _chain, _tasks
 from ._broker import redis_delete
 from ._tasks import KINDS, Settings
 
@@ -62,6 +62,37 @@ FENCED: Final[dict[tuple[str, bool], FencedFunction]] = {
     for leased in (False, True)
 }
 NAIVE: Final = "fencing_demo.naive"
+#: The chain demo's functions (``--chain``) by (step, mode).
+CHAIN: Final[dict[tuple[str, str], FencedFunction]] = {
+    (step, mode): fenced_function(
+        name=_chain.task_name(step, mode),
+        timeout=JOB_TIMEOUT,
+        keep_result=30,
+        **_chain.options(step, mode, asynchronous=True),
+    )(_chain.DECIDE[step])
+    for step in _chain.STEPS
+    for mode in _chain.MODES
+}
+_pools: dict[int, Any] = {}
+
+
+async def _chain_send(function: FencedFunction, intent: Any) -> None:
+    """The naive run's direct enqueue of notify, from a worker (its own pool)."""
+    from arq import create_pool
+
+    s = _tasks.settings()
+    pool = _pools.get(os.getpid())
+    if pool is None:
+        pool = await create_pool(_redis_settings(s.broker), default_queue_name=s.queue)
+        _pools[os.getpid()] = pool
+    await enqueue_intent(pool, function, intent, _job_id=f"{s.prefix}-{uuid.uuid4().hex}")
+
+
+_chain.register(
+    {mode: CHAIN[("notify", mode)] for mode in _chain.MODES},
+    _chain_send,
+    _queue_name=os.environ.get(_tasks.ENV_PREFIX + "QUEUE", "fencing-demo"),
+)
 
 
 async def naive(ctx: dict[str, Any], payload: str) -> str:
@@ -78,7 +109,7 @@ def _functions() -> list[Any]:
     from arq.worker import func
 
     naive_fn = func(naive, name=NAIVE, timeout=JOB_TIMEOUT, max_tries=_tasks.MAX_RETRIES)
-    return [*FENCED.values(), naive_fn]
+    return [*FENCED.values(), *CHAIN.values(), naive_fn]
 
 
 def _redis_settings(url: str) -> Any:
@@ -170,6 +201,10 @@ class Sender:
             self.loop.run_until_complete(job)
         else:
             self._naive(intent.to_json())
+
+    def send_chain(self, step: str, mode: str, intent: Any) -> None:
+        job = enqueue_intent(self.pool, CHAIN[(step, mode)], intent, _job_id=self._job_id())
+        self.loop.run_until_complete(job)
 
     def _naive(self, payload: str) -> None:
         self.loop.run_until_complete(self.pool.enqueue_job(NAIVE, payload, _job_id=self._job_id()))

@@ -14,7 +14,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Final
 
 from ...contrib.celery import fenced_task  # MissingDependency without the extra
-from . import _tasks
+from . import _chain, _tasks
 from ._broker import redis_delete
 from ._tasks import KINDS, Settings
 
@@ -83,6 +83,23 @@ def build(settings: Settings) -> tuple[Celery, dict[tuple[str, bool], Any], Any]
     return app, fenced, naive_task
 
 
+def build_chain(app: Celery) -> dict[tuple[str, str], Any]:
+    """The chain demo's fenced tasks by (step, mode), registered with ``_chain``."""
+    chain = {
+        (step, mode): fenced_task(
+            app, name=_chain.task_name(step, mode), **_chain.options(step, mode)
+        )(_chain.DECIDE[step])
+        for step in _chain.STEPS
+        for mode in _chain.MODES
+    }
+
+    def send(task: Any, intent: Any) -> None:
+        task.enqueue(intent)
+
+    _chain.register({mode: chain[("notify", mode)] for mode in _chain.MODES}, send)
+    return chain
+
+
 def broker_errors() -> tuple[type[Exception], ...]:
     """What the broker's client raises when the broker is unreachable or refuses."""
     import redis
@@ -97,6 +114,7 @@ class Sender:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.app, self.fenced, self.naive = build(settings)
+        self.chain = build_chain(self.app)
 
     def commands(self, workers: int) -> list[list[str]]:
         argv = [sys.executable, "-m", "celery", "-A", __name__, "worker", "--pool=prefork"]
@@ -110,6 +128,9 @@ class Sender:
             self.fenced[(kind, leased)].enqueue(intent)
         else:
             self.naive.apply_async((intent.to_json(),))
+
+    def send_chain(self, step: str, mode: str, intent: Any) -> None:
+        self.chain[(step, mode)].enqueue(intent)
 
     def ping(self, token: str) -> None:
         self.naive.apply_async((_tasks.PING + token,))
@@ -130,6 +151,7 @@ class Sender:
 
 if _tasks.in_worker():
     app, _fenced, _naive = build(_tasks.settings())
+    _chained = build_chain(app)
     if os.environ.get("FENCING_METRICS_PORT"):  # docs/observability.md: the demo's metrics
         from ...contrib.prometheus import celery_metrics
 

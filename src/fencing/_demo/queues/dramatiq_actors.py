@@ -34,7 +34,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Final
 
 from ...contrib.dramatiq import fenced_actor  # MissingDependency without the extra
-from . import _tasks
+from . import _chain, _tasks
 from ._broker import redis_delete
 from ._tasks import KINDS, Settings
 
@@ -124,6 +124,26 @@ def build(broker: _dramatiq.Broker, settings: Settings) -> tuple[dict[tuple[str,
     return fenced, naive_actor
 
 
+def build_chain(broker: _dramatiq.Broker, settings: Settings) -> dict[tuple[str, str], Any]:
+    """The chain demo's fenced actors by (step, mode), registered with ``_chain``."""
+    chain = {
+        (step, mode): fenced_actor(
+            broker=broker,
+            actor_name=_chain.task_name(step, mode).replace(".", "_"),
+            queue_name=settings.queue,
+            **_chain.options(step, mode),
+        )(_chain.DECIDE[step])
+        for step in _chain.STEPS
+        for mode in _chain.MODES
+    }
+
+    def send(actor: Any, intent: Any) -> None:
+        actor.enqueue(intent)
+
+    _chain.register({mode: chain[("notify", mode)] for mode in _chain.MODES}, send)
+    return chain
+
+
 def broker_errors() -> tuple[type[Exception], ...]:
     import redis
     from dramatiq.errors import BrokerError
@@ -144,6 +164,7 @@ class Sender:
         self.settings = settings
         self.broker = make_broker(settings)
         self.fenced, self.naive = build(self.broker, settings)
+        self.chain = build_chain(self.broker, settings)
 
     def commands(self, workers: int) -> list[list[str]]:
         argv = [sys.executable, "-c", f"from {__name__} import main; main()"]
@@ -157,6 +178,9 @@ class Sender:
             self.fenced[(kind, leased)].enqueue(intent)
         else:
             self.naive.send(intent.to_json())
+
+    def send_chain(self, step: str, mode: str, intent: Any) -> None:
+        self.chain[(step, mode)].enqueue(intent)
 
     def ping(self, token: str) -> None:
         self.naive.send(_tasks.PING + token)
@@ -217,3 +241,4 @@ if _tasks.in_worker():
     broker = make_broker(_tasks.settings())
     dramatiq.set_broker(broker)
     _fenced, _naive = build(broker, _tasks.settings())
+    _chained = build_chain(broker, _tasks.settings())

@@ -14,7 +14,7 @@ from typing import Any, Final
 import fencing
 
 from ...contrib.rq import enqueue_intent, fenced_job  # MissingDependency without the extra
-from . import _tasks
+from . import _chain, _tasks
 from ._broker import redis_delete
 from ._tasks import Settings
 
@@ -82,6 +82,54 @@ FENCED: Final = {
 }
 
 
+# -- the chain demo (``--chain``): ship and notify, per run -------------------------------
+@fenced_job(name=_chain.task_name("ship", "naive"), **_chain.options("ship", "naive"))
+def ship_naive(record: fencing.Record) -> Any:
+    return _chain.decide_ship(record)
+
+
+@fenced_job(name=_chain.task_name("ship", "chain"), **_chain.options("ship", "chain"))
+def ship_chain(record: fencing.Record) -> Any:
+    return _chain.decide_ship(record)
+
+
+@fenced_job(name=_chain.task_name("notify", "naive"), **_chain.options("notify", "naive"))
+def notify_naive(record: fencing.Record) -> Any:
+    return _chain.decide_notify(record)
+
+
+@fenced_job(name=_chain.task_name("notify", "chain"), **_chain.options("notify", "chain"))
+def notify_chain(record: fencing.Record) -> Any:
+    return _chain.decide_notify(record)
+
+
+CHAIN: Final = {
+    ("ship", "naive"): ship_naive,
+    ("ship", "chain"): ship_chain,
+    ("notify", "naive"): notify_naive,
+    ("notify", "chain"): notify_chain,
+}
+_queues: dict[int, Any] = {}
+
+
+def _chain_send(job: Any, intent: Any) -> None:
+    """The naive run's direct enqueue of notify, from a work horse."""
+    import os
+
+    import redis
+    from rq import Queue
+
+    queue = _queues.get(os.getpid())
+    if queue is None:
+        s = _tasks.settings()
+        queue = _queues[os.getpid()] = Queue(s.queue, connection=redis.Redis.from_url(s.broker))
+    job_id = f"{_tasks.settings().prefix}-{uuid.uuid4().hex}"
+    enqueue_intent(queue, job, intent, crash_retries=CRASH_RETRIES, job_id=job_id)
+
+
+_chain.register({mode: CHAIN[("notify", mode)] for mode in _chain.MODES}, _chain_send)
+
+
 def _preloaded_worker() -> type:
     """``rq.Worker``, named from this module, so the worker imports it before forking."""
     from rq import Worker
@@ -147,6 +195,10 @@ class Sender:
             )
         else:
             self._naive(intent.to_json())
+
+    def send_chain(self, step: str, mode: str, intent: Any) -> None:
+        job = CHAIN[(step, mode)]
+        enqueue_intent(self.queue, job, intent, crash_retries=CRASH_RETRIES, job_id=self._job_id())
 
     def _naive(self, payload: str) -> None:
         from rq import Retry
