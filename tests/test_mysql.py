@@ -688,7 +688,7 @@ def test_store_before_effects_gains_them_on_migrate(opener: Opener, mysql_url: s
         bare.collection("orders").effect(late, "charge")
 
     store = opener()  # migrates: the table and its indexes appear, the version moves on
-    assert _sql(mysql_url, "SELECT component, version FROM fencing_schema") == [("core", 6)]
+    assert _sql(mysql_url, "SELECT component, version FROM fencing_schema") == [("core", 7)]
     indexes = _sql(
         mysql_url,
         "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS"
@@ -705,7 +705,7 @@ def test_store_before_effects_gains_them_on_migrate(opener: Opener, mysql_url: s
     marked = store.mark_reconciled(listed)
 
     store.migrate()  # again: nothing changes, nothing is lost
-    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(6,)]
+    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(7,)]
     assert store.get_effect(fx.idempotency_key) == marked
     assert store.effects_to_reconcile() == []
 
@@ -736,7 +736,10 @@ def test_outbox_of_version_4_gains_covering_indexes_on_migrate(
     )
     covering = _outbox_indexes(mysql_url)
     assert covering["fencing_outbox_unsent"] == ["unsent_kind", "id", "created_at"]
-    assert covering["fencing_outbox_key"] == ["unsent_key", "id", "claimed_until"]
+    # version 7: a debounced row's due time and the queue kind too (supersede, debounce)
+    assert covering["fencing_outbox_key"] == [
+        "unsent_key", "id", "claimed_until", "due_at", "kind"
+    ]  # fmt: skip
     # the outbox as version 4 left it
     _sql(
         mysql_url,
@@ -746,7 +749,7 @@ def test_outbox_of_version_4_gains_covering_indexes_on_migrate(
     )
     _sql(mysql_url, "UPDATE fencing_schema SET version = 4")
     store = opener()  # migrates
-    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(6,)]
+    assert _sql(mysql_url, "SELECT version FROM fencing_schema") == [(7,)]
     assert _outbox_indexes(mysql_url) == covering
     assert [r.key for r in store.outbox.pending()] == ["k1"]  # nothing lost
     store.migrate()  # again: nothing changes
