@@ -139,3 +139,56 @@ def test_a_lock_held_elsewhere_is_a_lock_wait_timeout_not_a_self_deadlock(
         other.close()
         mine.close()
         s.close()
+
+
+def _self_deadlock_on(url: str) -> None:
+    """A store on ``url`` whose own commit waits on the same thread's lent connection."""
+    s = fencing.open(url)
+    try:
+        backends_mysql.create_table(s, TABLE, "id", "version", TABLE_COLUMNS, ROWS)
+        conn = backends_mysql.lend(url)
+        try:
+            intent = s.table(TABLE).intent(2, "b")
+            view = s.using(conn).table(TABLE)
+            assert isinstance(view.commit(view.intent(1, "a"), {"status": "a"}), Committed)
+            cur = conn.cursor()
+            cur.execute(f"UPDATE {TABLE} SET total = 21 WHERE id = 2")
+            cur.close()
+            with pytest.raises(fencing.SelfDeadlock):
+                s.table(TABLE).commit(intent, {"status": "b"})
+        finally:
+            conn.rollback()
+            conn.close()
+    finally:
+        s.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_watchdog_outlives_the_store_and_the_database_it_began_with(
+    tmp_path: Path,
+) -> None:
+    """The process's watchdog is made by the first store that needs it; once that store
+    is closed, its database dropped and the watchdog's connection lost (a server
+    restart), a later store's self-deadlock is still found (the watchdog reconnected with
+    the first store's database, which no longer exists, and every later wait ran out
+    ``innodb_lock_wait_timeout``: seen in a whole-suite run)."""
+    require_server("MariaDB", backends_mysql.HOST, backends_mysql.PORT)
+    first = backends_mysql.make_url(tmp_path)
+    try:
+        _self_deadlock_on(first)
+    finally:
+        backends_mysql.cleanup(first)
+    database = first.rsplit("/", 1)[1]
+    admin = backends_mysql._admin()
+    try:
+        with admin.cursor() as cur:  # the watchdog's connection still names it
+            cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s", (database,))
+            for (ident,) in cur.fetchall():
+                cur.execute(f"KILL {int(ident)}")
+    finally:
+        admin.close()
+    second = backends_mysql.make_url(tmp_path)
+    try:
+        _self_deadlock_on(second)
+    finally:
+        backends_mysql.cleanup(second)

@@ -86,7 +86,7 @@ def _row(conn: Any, key: str) -> tuple[Any, ...]:
 def test_a_store_from_before_effects_gains_them_on_migrate(pg: Setup, api: str) -> None:
     from fencing.backends.postgres.schema import SCHEMA_VERSION
 
-    assert SCHEMA_VERSION == 5
+    assert SCHEMA_VERSION == 6
     with opened(pg.url, api) as old:
         orders = old.collection("orders")
         orders.create("o-1", {"status": "new"})

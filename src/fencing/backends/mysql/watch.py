@@ -257,6 +257,9 @@ def watchdog(where: object, connect: Any) -> Watchdog:
     if found is None:
         with _LOCK:
             found = _WATCHDOGS.setdefault(where, Watchdog(connect))
+    # the latest store's: the store that made the watchdog may be closed and its database
+    # dropped since, and a connection the watchdog lost (a server restart) is made again
+    found._connect = connect
     return found
 
 
