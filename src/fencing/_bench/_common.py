@@ -8,18 +8,16 @@ on every store. Each store module supplies its hand-written baselines (a
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from types import SimpleNamespace
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 import fencing
 
-from .._values import Committed, Intent, Kind, Outcome, Record, new_intent_id
-from . import _answer
+from .._values import Intent, Kind, Outcome, Record, new_intent_id
+from . import _answer, _worktx
 from ._harness import BenchFailed, Block, Contest, Side, Skip
+from ._worktx import _paramstyle
 
 __all__ = [
     "ANSWER_ROWS",
@@ -62,7 +60,6 @@ METRICS_OPERATION: Final = "collection.commit, Prometheus metrics on"
 METRICS_OFF: Final = "metrics off"
 #: The ``worktx`` contest's operation, and its baseline's label.
 WORKTX_OPERATION: Final = "fenced task: commit + own row + outbox send"
-WORKTX_SEPARATE: Final = "fenced_task, separate"
 
 K = TypeVar("K", str, int)
 Builder = Callable[[], Contest | Skip]
@@ -196,67 +193,8 @@ class FencingOps:
     def worker_task(
         self, table: fencing.Table, conn: Any, shipments: str, keys: Sequence[int], joined: bool
     ) -> Side:
-        """One delivery of a fenced task that ships an order, books a shipment row and
-        sends the next step through the outbox. ``joined``: all three in the worker's
-        transaction on ``conn`` (``transaction=``, ``then=``); else today's fenced task
-        (its commit on the store's own connection), then the row on ``conn`` and its
-        COMMIT, then ``store.outbox.send`` on the store's own connection."""
-        from ..contrib._common import FencedTask, Step
-
-        mark = "?" if _paramstyle(conn) == "qmark" else "%s"
-        book = f"INSERT INTO {shipments} (order_id, note) VALUES ({mark}, {mark})"
-        notify = notify_task(f"bench.notify-{self.suffix}", table)
-
-        def ship(record: Record) -> dict[str, Any]:
-            return {"status": "shipped", "total": int(record.state.get("total") or 0) + 1}
-
-        @contextlib.contextmanager
-        def transaction() -> Iterator[Any]:
-            try:
-                yield conn
-            except BaseException:
-                conn.rollback()
-                raise
-            conn.commit()
-
-        def then(step: Step) -> None:
-            step.connection.cursor().execute(book, (int(step.record.key), "shipped"))
-            step.send(notify, step.record, "notify")
-
-        options: dict[str, Any] = {"transaction": transaction, "then": then} if joined else {}
-        name = f"bench.ship-{self.suffix}"
-        spec = FencedTask(name=name, target=table, decide=ship, **options)
-        send = self.store.outbox.send
-        cursor = Cursor(keys)
-
-        def prepare(n: int) -> Block:
-            payloads = [
-                Intent(new_id(), table.name, key, version, "ship", kind="table").to_json()
-                for key, version in cursor.take(n)
-            ]
-
-            def op(i: int) -> None:
-                outcome = spec.run(payloads[i]).outcome
-                if not isinstance(outcome, Committed):
-                    raise BenchFailed(f"a measured fenced task did not commit: {outcome!r}")
-                if not joined:
-                    conn.cursor().execute(book, (int(outcome.record.key), "shipped"))
-                    conn.commit()
-                    send(notify, outcome.record, "notify")
-
-            return Block([op])
-
-        if joined:
-            return Side(
-                "fencing, worker transaction",
-                "fenced task with transaction= and then=: commit, row, outbox.send, one COMMIT",
-                prepare,
-            )
-        return Side(
-            WORKTX_SEPARATE,
-            "fenced task on the store's connection; then INSERT + COMMIT; then outbox.send",
-            prepare,
-        )
+        """One delivery of a fenced task in the worker's transaction or not (_worktx)."""
+        return _worktx.worker_task(self, table, conn, shipments, Cursor(keys), new_id, joined)
 
     def apply(self, keys: Sequence[str]) -> Side:
         cursor, apply = Cursor(keys), self.coll.apply
@@ -336,25 +274,6 @@ class HandWritten(Protocol):
     def fenced(self, collection: str, keys: Sequence[str], lease_name: str) -> list[Side]: ...
     def lease_cycle(self, lease_name: str) -> list[Side]: ...
     def close(self) -> None: ...
-
-
-def _paramstyle(conn: Any) -> str:
-    """The DB-API paramstyle of a driver connection (``qmark`` for sqlite3)."""
-    module = sys.modules.get(type(conn).__module__.split(".")[0])
-    return str(getattr(module, "paramstyle", "format"))
-
-
-def notify_task(name: str, table: fencing.Table) -> Any:
-    """A fenced task ``outbox.send`` accepts, without a queue: rows routed as Celery's."""
-    from ..contrib._common import FencedTask
-
-    spec = FencedTask(name=name, target=table, decide=lambda record: {"status": "notified"})
-
-    def route(task: Any, options: dict[str, Any]) -> tuple[str, str, str | None, dict[str, Any]]:
-        return "celery", name, None, options
-
-    spec.outbox_route = route
-    return SimpleNamespace(fencing=spec, name=name)
 
 
 class Bench:
