@@ -41,6 +41,32 @@ def _state(i: int) -> dict[str, Any]:
     return {"status": "shipped", "n": i}
 
 
+def _commits(
+    coll: Any, hand: Any, theirs: str, keys: list[str]
+) -> tuple[Callable[[int], None], Callable[[int], None]]:
+    """The two sides of a server-cost contest: ``n`` commits through fencing's
+    collection ``coll``, and ``n`` through the hand-written same-answer statement on
+    ``theirs``, each on its own records at their own versions."""
+    versions = dict.fromkeys(keys, 1)
+    hand_versions = dict.fromkeys(keys, 1)
+
+    def ours(n: int) -> None:
+        for i in range(n):
+            key = keys[i % len(keys)]
+            intent = Intent(new_intent_id(), coll.name, key, versions[key], "ship")
+            check_committed(coll.commit(intent, _state(i)))
+            versions[key] += 1
+
+    def same_answer(n: int) -> None:
+        for i in range(n):
+            key = keys[i % len(keys)]
+            answer = hand.answer_commit(theirs, key, hand_versions[key], _state(i), new_intent_id())
+            assert answer[0] == "committed", answer
+            hand_versions[key] += 1
+
+    return ours, same_answer
+
+
 def _postgres(url: str, ops: int) -> list[dict[str, Any]]:
     from ._postgres import PostgresBench
 
@@ -70,24 +96,7 @@ def _postgres(url: str, ops: int) -> list[dict[str, Any]]:
             _schedstat(me)
         except OSError as exc:
             return [_skip("postgresql", f"the server's processes are not visible here: {exc}")]
-        versions = dict.fromkeys(keys, 1)
-        hand_versions = dict.fromkeys(keys, 1)
-
-        def ours(n: int) -> None:
-            for i in range(n):
-                key = keys[i % len(keys)]
-                intent = Intent(new_intent_id(), coll.name, key, versions[key], "ship")
-                check_committed(coll.commit(intent, _state(i)))
-                versions[key] += 1
-
-        def same_answer(n: int) -> None:
-            for i in range(n):
-                key = keys[i % len(keys)]
-                answer = hand.answer_commit(
-                    theirs, key, hand_versions[key], _state(i), new_intent_id()
-                )
-                assert answer[0] == "committed", answer
-                hand_versions[key] += 1
+        ours, same_answer = _commits(coll, hand, theirs, keys)
 
         sides: list[tuple[str, Callable[[int], None], int]] = [
             ("fencing collection.commit", ours, pids[0]),
@@ -111,24 +120,7 @@ def _redis(url: str, ops: int) -> list[dict[str, Any]]:
             coll.create(key, START)
         theirs = f"cost-{bench.suffix}/hand"
         answering.answer_records(theirs, keys)
-        versions = dict.fromkeys(keys, 1)
-        hand_versions = dict.fromkeys(keys, 1)
-
-        def ours(n: int) -> None:
-            for i in range(n):
-                key = keys[i % len(keys)]
-                intent = Intent(new_intent_id(), coll.name, key, versions[key], "ship")
-                check_committed(coll.commit(intent, _state(i)))
-                versions[key] += 1
-
-        def same_answer(n: int) -> None:
-            for i in range(n):
-                key = keys[i % len(keys)]
-                answer = answering.answer_commit(
-                    theirs, key, hand_versions[key], _state(i), new_intent_id()
-                )
-                assert answer[0] == "committed", answer
-                hand_versions[key] += 1
+        ours, same_answer = _commits(coll, answering, theirs, keys)
 
         def evalsha_usec(_: int) -> int:
             stats = hand.info("commandstats").get("cmdstat_evalsha", {})
