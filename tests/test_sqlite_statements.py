@@ -10,7 +10,7 @@ import sqlite3
 from fencing import Intent
 from fencing._request import CommitRequest, Target
 from fencing._rules import LeaseRef
-from fencing.backends.sqlite.statements import _CACHED, Statements, update_params
+from fencing.backends.sqlite.statements import _CACHED, UNAPPLIED, Statements, update_params
 
 ORDERS = Target("table", "orders", "id", "version")
 
@@ -48,6 +48,7 @@ def test_at_most_cached_shapes_are_kept() -> None:
     assert again == late and again is not late
     assert late == (
         'UPDATE "orders" SET "late" = ?, "version" = "version" + 1 WHERE "id" = ? AND "version" = ?'
+        + UNAPPLIED
     )
 
 
@@ -60,10 +61,11 @@ def test_a_column_the_database_computes_is_set_by_its_sql() -> None:
     sql = Statements().update(req)
     assert sql == (
         'UPDATE "orders" SET "status" = ?, "updated_at" = \'at \' || 7,'
-        ' "version" = "version" + 1 WHERE "id" = ? AND "version" = ?'
+        ' "version" = "version" + 1 WHERE "id" = ? AND "version" = ?' + UNAPPLIED
     )
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER, status, updated_at)")
+    db.execute("CREATE TABLE fencing_applied (scope, intent_id, key, applied_at)")
     db.execute("INSERT INTO orders VALUES (1, 3, 'new', NULL)")
     db.execute(sql, update_params(req, 0.0))
     assert db.execute("SELECT * FROM orders").fetchall() == [(1, 4, "x", "at 7")]

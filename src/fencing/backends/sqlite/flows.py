@@ -144,11 +144,20 @@ class SQLiteFlows(SQLiteOutboxFlows):
         return txn(body)
 
     def settle_effects(self, scope: str, intent_id: str, outcome: str) -> Flow[list[Effect]]:
+        where, args = sql.EFFECT_WHERE["intent"], (scope, intent_id, -1)
+        # Most refused intents recorded no effect: one read, and no write transaction
+        # (whose BEGIN IMMEDIATE would wait for the write lock) unless one is unsettled.
+        found: list[Effect] = yield Txn(
+            lambda conn, now: op.effects(conn, where, args), begin=False
+        )
+        if all(e.outcome is not None for e in found):
+            return found
+
         def body(conn: sqlite3.Connection, now: float) -> list[Effect]:
             conn.execute(sql.SETTLE_EFFECTS, (outcome, now, scope, intent_id))
-            return op.effects(conn, sql.EFFECT_WHERE["intent"], (scope, intent_id, -1))
+            return op.effects(conn, where, args)
 
-        return txn(body)
+        return (yield from txn(body))
 
     def list_effects(self, query: EffectQuery) -> Flow[list[Effect]]:
         def body(conn: sqlite3.Connection, now: float) -> list[Effect]:

@@ -161,7 +161,8 @@ def delete(conn: sqlite3.Connection, target: Target, key: str | int) -> bool:
 def commit(
     conn: sqlite3.Connection, statements: Statements, request: CommitRequest, now: float
 ) -> CommitResult:
-    """Claim the intent, write if every condition holds, else undo the claim and judge."""
+    """Write if every condition holds (the intent not applied yet among them), then claim
+    the intent; else judge, having written nothing."""
     target, intent, lease = request.target, request.intent, request.lease
     collection = target.kind == "collection"
     if collection and intent.guard is not None:
@@ -170,15 +171,15 @@ def commit(
         if found.status is not Status.OK:
             return found
     scope, key = target.scope, intent.key
-    if conn.execute(sql.CLAIM, (scope, request.claim_id, key, now)).rowcount == 0:
-        return judged(conn, request, now)  # already applied: Duplicate
     cur = conn.execute(statements.update(request), sql.update_params(request, now))
     if collection:
         row = cur.fetchone()  # RETURNING version, fence
         if row is not None:
+            conn.execute(sql.CLAIM, (scope, request.claim_id, key, now))
             record = Record(target.name, key, row[0], row[1], request.state)
             return CommitResult(Status.APPLIED, record)
     elif cur.rowcount > 0:
+        conn.execute(sql.CLAIM, (scope, request.claim_id, key, now))
         if lease is not None:
             conn.execute(sql.RAISE_FENCE, (scope, key, lease.token))
         cur = conn.execute(statements.row(target, probe=False), (scope, key, key))
@@ -186,7 +187,6 @@ def commit(
         # every column of the row but the last, which is its fence
         record = table_record(target, key, cur.description[:-1], row[:-1], row[-1] or 0)
         return CommitResult(Status.APPLIED, record)
-    conn.execute(sql.UNCLAIM, (scope, request.claim_id, key))
     found = judged(conn, request, now)
     # refused although judged to apply: only a condition of the UPDATE can tell (as on
     # the server backends, the store's own comparison has the last word): Stale

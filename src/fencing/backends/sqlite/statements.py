@@ -36,9 +36,12 @@ CLAIM: Final = (
     "INSERT INTO fencing_applied (scope, intent_id, key, applied_at) VALUES (?, ?, ?, ?)"
     " ON CONFLICT DO NOTHING"
 )
-UNCLAIM: Final = "DELETE FROM fencing_applied WHERE scope = ? AND intent_id = ? AND key = ?"
 # An intent id names work on one key: the same id applied to another key is not a duplicate.
 IS_APPLIED: Final = "SELECT 1 FROM fencing_applied WHERE scope = ? AND intent_id = ? AND key = ?"
+# The last condition of every conditional UPDATE: the intent is not applied yet. A refused
+# commit writes nothing at all (its transaction ends with nothing to sync); the claim is
+# written only once the UPDATE has changed its row.
+UNAPPLIED: Final = " AND NOT EXISTS (" + IS_APPLIED + ")"
 PRUNE_APPLIED: Final = "DELETE FROM fencing_applied WHERE applied_at < ?"
 LEASE_LIVE: Final = (
     " AND EXISTS (SELECT 1 FROM fencing_leases WHERE name = ? AND token = ?"
@@ -46,7 +49,9 @@ LEASE_LIVE: Final = (
 )
 _COLLECTION_UPDATE: Final = (
     "UPDATE fencing_records SET state = ?, version = version + 1, updated_at = ?{fence_set}"
-    " WHERE collection = ? AND key = ? AND version = ?{fence_where} RETURNING version, fence"
+    " WHERE collection = ? AND key = ? AND version = ?{fence_where}"
+    + UNAPPLIED
+    + " RETURNING version, fence"
 )
 COLLECTION_UPDATE_PLAIN: Final = _COLLECTION_UPDATE.format(fence_set="", fence_where="")
 COLLECTION_UPDATE_FENCED: Final = _COLLECTION_UPDATE.format(
@@ -189,7 +194,7 @@ class Statements:
         # SQLite does faster than it builds RETURNING's ephemeral table.
         table = quote(target.name)
         return self._keep(
-            shape, f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(where)}"
+            shape, f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(where)}{UNAPPLIED}"
         )
 
 
@@ -203,6 +208,7 @@ def update_params(request: CommitRequest, now: float) -> list[Any]:
         params += [target.name, intent.key, intent.expected_version]
         if lease is not None:
             params += [lease.token, lease.name, lease.token, now]
+        params += [target.scope, request.claim_id, intent.key]
         return params
     params = bound(request.state.values())
     params.append(intent.key)
@@ -212,4 +218,5 @@ def update_params(request: CommitRequest, now: float) -> list[Any]:
         params += bound(intent.guard.values())
     if lease is not None:
         params += [target.scope, intent.key, lease.token, lease.name, lease.token, now]
+    params += [target.scope, request.claim_id, intent.key]
     return params
