@@ -126,14 +126,15 @@ class _AsyncOps(TargetBase):
         await self._ready()
         request = self._request(intent, state, lease)
         started = now_ns() if HUB.on else 0
-        outcome = self._outcome(await self._backend.commit(request), request.intent, lease)
+        result = await self._backend.commit(request)
+        outcome = self._outcome(result, request.intent, lease)
         if HUB.on or log.isEnabledFor(LEVEL[outcome.committed]):
             self._report("commit", outcome, started, lease)
         if outcome.committed:
             if self._hooks:
                 await self._committed(outcome)
             return outcome
-        return await self._settled(outcome)
+        return await self._settled(outcome, result.unsettled)
 
     async def _committed(self, outcome: Outcome) -> None:
         """Run the ``on_committed`` hooks on a ``Committed`` outcome."""
@@ -141,9 +142,10 @@ class _AsyncOps(TargetBase):
             for hook in tuple(self._hooks):
                 await maybe_await(hook(outcome, self._store._via))
 
-    async def _settled(self, outcome: Outcome) -> Outcome:
-        """Settle the intent's effects if ``outcome`` ended it uncommitted."""
-        return await adrive(settle_flow(outcome), self._settle)
+    async def _settled(self, outcome: Outcome, unsettled: bool = True) -> Outcome:
+        """Settle the intent's effects if ``outcome`` ended it uncommitted (and the store
+        did not answer, with it, that there are none: ``unsettled``)."""
+        return await adrive(settle_flow(outcome, unsettled), self._settle)
 
     async def _settle(self, step: SettleStep) -> list[Effect]:
         scope, root = self.target.scope, step.intent.root_id
@@ -168,7 +170,10 @@ class _AsyncOps(TargetBase):
         if self._hooks:
             for o in outcomes:
                 await self._committed(o)
-        return [o if o.committed else await self._settled(o) for o in outcomes]
+        return [
+            o if o.committed else await self._settled(o, r.unsettled)
+            for o, r in zip(outcomes, results, strict=True)
+        ]
 
     async def apply(
         self,

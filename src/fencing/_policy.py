@@ -208,12 +208,12 @@ def apply_flow(
             result = yield CommitStep(current, state)
             continue
         if result.status is not Status.STALE or result.record is None:
-            return (yield from settle_flow(outcome_for(result, current)))
+            return (yield from settle_flow(outcome_for(result, current), result.unsettled))
         record = result.record
         pending = None
         if isinstance(policy, Recompute):
             if calls >= policy.attempts:
-                return (yield from settle_flow(Contended(record, calls, current)))
+                return (yield from settle_flow(Contended(record, calls, current), result.unsettled))
             if calls > 0:
                 yield Sleep(policy.delay(calls, rng))
             current = _recompute_intent(intent, record, calls + 1)
@@ -223,14 +223,16 @@ def apply_flow(
             effects: list[Effect] = yield SettleStep(current, "stale")
             yield ReconcileStep(current, record, tuple(effects))
             return Stale(record, current)
-        return (yield from settle_flow(Stale(record, current)))
+        return (yield from settle_flow(Stale(record, current), result.unsettled))
 
 
-def settle_flow(outcome: Outcome) -> Flow[Outcome]:
-    """Settle the intent's effects if ``outcome`` ended it uncommitted; return ``outcome``."""
+def settle_flow(outcome: Outcome, unsettled: bool = True) -> Flow[Outcome]:
+    """Settle the intent's effects if ``outcome`` ended it uncommitted; return ``outcome``.
+    ``unsettled=False``: the store answered, with the refusal, that the intent has no
+    effect left to settle (``CommitResult.unsettled``): nothing to ask it."""
     kind = settles(outcome)
     intent = getattr(outcome, "intent", None)
-    if kind is not None and intent is not None:
+    if unsettled and kind is not None and intent is not None:
         yield SettleStep(intent, kind)
     return outcome
 

@@ -132,6 +132,10 @@ class CommitResult(NamedTuple):
 
     status: Status
     record: Record | None
+    #: On a refusal: whether the intent may have effects still to settle. A backend that
+    #: looks in the same statement answers False when it has none, and the refusal then
+    #: costs no settling call; True (the default) when it may, or did not look.
+    unsettled: bool = True
 
 
 def snapshot_may_explain(request: CommitRequest, result: CommitResult) -> bool:
@@ -144,7 +148,7 @@ def snapshot_may_explain(request: CommitRequest, result: CommitResult) -> bool:
     above the lease's token hold whatever the snapshot's age: each shows a row that was
     committed (or written by the caller's own transaction), and versions, claims and
     fences never go back."""
-    status, record = result
+    status, record = result.status, result.record
     if record is None:  # Missing
         return status is not Status.APPLIED
     if status is Status.STALE:
@@ -264,7 +268,7 @@ def scope_stats(
 
 def outcome_for(result: CommitResult, intent: Intent) -> Outcome:
     """The public outcome for a backend's answer."""
-    status, record = result
+    status, record = result.status, result.record
     if status is Status.APPLIED and record is not None:
         return Committed(record, intent)
     if status is Status.MISSING or record is None:

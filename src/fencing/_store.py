@@ -125,14 +125,15 @@ class _Ops(TargetBase):
         self._ready()
         request = self._request(intent, state, lease)
         started = now_ns() if HUB.on else 0
-        outcome = self._outcome(self._backend.commit(request), request.intent, lease)
+        result = self._backend.commit(request)
+        outcome = self._outcome(result, request.intent, lease)
         if HUB.on or log.isEnabledFor(LEVEL[outcome.committed]):
             self._report("commit", outcome, started, lease)
         if outcome.committed:
             if self._hooks:
                 self._committed(outcome)
             return outcome
-        return self._settled(outcome)
+        return self._settled(outcome, result.unsettled)
 
     def _committed(self, outcome: Outcome) -> None:
         """Run the ``on_committed`` hooks on a ``Committed`` outcome."""
@@ -140,9 +141,10 @@ class _Ops(TargetBase):
             for hook in tuple(self._hooks):
                 passthrough(hook(outcome, self._store._via))
 
-    def _settled(self, outcome: Outcome) -> Outcome:
-        """Settle the intent's effects if ``outcome`` ended it uncommitted."""
-        return drive(settle_flow(outcome), self._settle)
+    def _settled(self, outcome: Outcome, unsettled: bool = True) -> Outcome:
+        """Settle the intent's effects if ``outcome`` ended it uncommitted (and the store
+        did not answer, with it, that there are none: ``unsettled``)."""
+        return drive(settle_flow(outcome, unsettled), self._settle)
 
     def _settle(self, step: SettleStep) -> list[Effect]:
         scope, root = self.target.scope, step.intent.root_id
@@ -167,7 +169,10 @@ class _Ops(TargetBase):
         if self._hooks:
             for o in outcomes:
                 self._committed(o)
-        return [o if o.committed else self._settled(o) for o in outcomes]
+        return [
+            o if o.committed else self._settled(o, r.unsettled)
+            for o, r in zip(outcomes, results, strict=True)
+        ]
 
     def apply(
         self,

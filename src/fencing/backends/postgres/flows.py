@@ -122,7 +122,7 @@ def _judged(request: CommitRequest, found: Answer) -> CommitResult:
     if lease is not None and row[4] is not None:
         lease_row = LeaseRow(lease.name, row[3], row[4], row[5])
     status = judge(record, bool(row[1]), request.intent, lease, lease_row, row[6])
-    return CommitResult(status, record)
+    return CommitResult(status, record, row[0] is not None)  # (REFUSED: NULL, none)
 
 
 def _commit_result(request: CommitRequest, found: Answer) -> CommitResult:
@@ -342,7 +342,7 @@ class PostgresFlows(EffectFlows, PostgresOutboxFlows):
             if result.status is not Status.OK:
                 return result
         # Refused each time by a writer that got there first: the intent is stale.
-        return CommitResult(Status.STALE, result.record)
+        return CommitResult(Status.STALE, result.record, result.unsettled)
 
     def commit_many(self, requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
         """One transaction, one round trip: one statement for a batch of distinct keys

@@ -84,6 +84,21 @@ IS_APPLIED: Final = (
     "EXISTS (SELECT 1 FROM fencing_applied a WHERE a.scope = %(scope)s AND a.intent_id = %(id)s"
     " AND a.key = %(key_json)s)"
 )
+# The first column of a refused commit's row: NULL when the intent has no effect left
+# to settle, else false (``CommitResult.unsettled``); a probe's row, and a batch's
+# refused rows, do not look: false. (A commit that applied says true.)
+REFUSED: Final = (
+    "SELECT CASE WHEN EXISTS (SELECT 1 FROM fencing_effects e WHERE e.scope = %(scope)s"
+    " AND e.intent_id = %(id)s AND e.outcome IS NULL) THEN false END,"
+)
+
+
+def refused(probe: str) -> str:
+    """A probe as the refusal half of a commit statement: it tells ``REFUSED`` too."""
+    assert probe.startswith("SELECT false,")
+    return REFUSED + probe[len("SELECT false,") :]
+
+
 COLLECTION_PROBE: Final = (
     f"SELECT false, {IS_APPLIED}, r.fence, l.owner, l.token, l.expires_at, {NOW},"
     " r.version, r.state"
@@ -231,7 +246,7 @@ def collection_commit(guarded: bool, fenced: bool) -> str:
         f" SELECT %(scope)s, %(id)s, %(key_json)s, {NOW} FROM fencing_upd)"
         " SELECT true, false, u.fence, NULL::text, NULL::bigint, NULL::float8,"
         f" {NOW}, u.version, NULL::jsonb FROM fencing_upd u"
-        f" UNION ALL ({COLLECTION_PROBE if fenced else COLLECTION_READ}"
+        f" UNION ALL ({refused(COLLECTION_PROBE if fenced else COLLECTION_READ)}"
         " WHERE NOT EXISTS (SELECT 1 FROM fencing_upd))"
     )
 
@@ -387,7 +402,7 @@ def table_commit(
     return (
         f"WITH {', '.join(ctes)}"
         f" SELECT true, false, {fence}, NULL::text, NULL::bigint, NULL::float8, {NOW}, u.*"
-        f" FROM fencing_upd u UNION ALL ({table_probe(target)}"
+        f" FROM fencing_upd u UNION ALL ({refused(table_probe(target))}"
         " WHERE NOT EXISTS (SELECT 1 FROM fencing_upd))"
     )
 

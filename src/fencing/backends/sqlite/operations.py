@@ -190,7 +190,11 @@ def commit(
     found = judged(conn, request, now)
     # refused although judged to apply: only a condition of the UPDATE can tell (as on
     # the server backends, the store's own comparison has the last word): Stale
-    return CommitResult(Status.STALE, found.record) if found.status is Status.OK else found
+    status = Status.STALE if found.status is Status.OK else found.status
+    if status is Status.DUPLICATE:  # (a duplicate settles nothing)
+        return found
+    unsettled = conn.execute(sql.UNSETTLED, (scope, request.claim_id)).fetchone() is not None
+    return CommitResult(status, found.record, unsettled)
 
 
 def _write_lease(conn: sqlite3.Connection, row: LeaseRow) -> None:

@@ -27,6 +27,10 @@ MARK_EFFECT: Final = (
     " updated_at = ?, reconciled_at = CASE WHEN ? THEN coalesce(reconciled_at, ?)"
     " ELSE reconciled_at END WHERE idempotency_key = ?"
 )
+# Whether a refused intent has an effect to settle (``CommitResult.unsettled``).
+UNSETTLED: Final = (
+    "SELECT 1 FROM fencing_effects WHERE scope = ? AND intent_id = ? AND outcome IS NULL LIMIT 1"
+)
 SETTLE_EFFECTS: Final = (
     "UPDATE fencing_effects SET outcome = ?, updated_at = ?"
     " WHERE scope = ? AND intent_id = ? AND outcome IS NULL"
