@@ -1,11 +1,13 @@
 """A refused commit settles its intent's effects without a call of its own when the store
 can tell, in the refusal itself, that there is nothing to settle (issue 21:
-``CommitResult.unsettled``). SQLite and PostgreSQL look, in the same transaction and the
-same statement; the other stores answer "maybe" and the store asks to settle as before.
+``CommitResult.unsettled``). SQLite, PostgreSQL and MySQL/MariaDB look, in the same
+transaction and round trip; Redis and the memory store answer "maybe" and the store asks
+to settle as before (on a Redis cluster the effects are in other hash slots than the
+record a commit's script may touch).
 
 On every store: what is recorded is settled as before (``Stale`` and ``Contended`` of
 ``commit``, ``commit_many`` and ``apply``); on the stores that look, a refusal with no
-effect to settle makes no settling call at all, and PostgreSQL's is one statement."""
+effect to settle makes no settling call at all."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 
 from fencing import Committed, Contended, Recompute, Stale
 
-LOOKS = {"sqlite-memory", "sqlite-file", "postgresql"}
+LOOKS = {"sqlite-memory", "sqlite-file", "postgresql", "mysql"}
 
 
 class Counted:

@@ -84,7 +84,9 @@ def commit_result(results: list[Result], slots: Slots, request: CommitRequest) -
     # The UPDATE refused. The rules agreeing now, on the row locked since, can only mean
     # a row created (again) since the UPDATE looked, or a comparison the server made
     # differently from Python (a user table's column type): nothing was written.
-    return CommitResult(Status.STALE if status is Status.OK else status, record)
+    looked = results[slots.unsettled].rows  # 0: it looked, and found no effect to settle
+    maybe = not looked or looked[0][0] is None or int(looked[0][0]) != 0
+    return CommitResult(Status.STALE if status is Status.OK else status, record, maybe)
 
 
 def lease_answer(name: str, result: Result, granted: bool) -> LeaseAnswer:

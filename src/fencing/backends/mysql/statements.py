@@ -40,6 +40,14 @@ COLLECTION_UPDATE: Final = (
 )
 # One JSON column rather than six: each column costs the driver a descriptor to parse,
 # and this SELECT is on every commit's success path.
+# Whether a refused intent has an effect to settle (``CommitResult.unsettled``): a
+# SELECT of its own, so a consistent read that takes no lock (a subquery of a SET, or
+# of a SELECT ... FOR UPDATE, would lock the effects it reads: a caller's transaction
+# would then hold them against the settling of its own refusal).
+UNSETTLED: Final = (
+    "SELECT @f_done = 0 AND EXISTS (SELECT 1 FROM fencing_effects"
+    " WHERE scope = %s AND intent_id = %s AND outcome IS NULL)"
+)
 COLLECTION_RESULT: Final = (
     "SELECT JSON_ARRAY(@f_claimed, @f_done, @f_now, version, fence, IF(@f_done = 1, NULL, state))"
     " FROM fencing_records WHERE collection = %s AND `key` = %s FOR UPDATE"

@@ -134,7 +134,7 @@ class _Template:
 
     sql: str
     statements: int
-    result: int  # the SELECT of the record after the commit
+    result: int  # the SELECT of the record after the commit (``UNSETTLED`` just before)
     lease: int | None  # the SELECT of the lease row (fenced commits)
 
 
@@ -158,7 +158,7 @@ def _collection_template(fenced: bool) -> _Template:
         fence_set=", fence = GREATEST(fence, %s)" if fenced else "",
         fence_where=" AND fence <= %s" + sql.LEASE_LIVE if fenced else "",
     )
-    statements = [*_locks(fenced, sql.LOCK_RECORD), update, sql.UNCLAIM]
+    statements = [*_locks(fenced, sql.LOCK_RECORD), update, sql.UNCLAIM, sql.UNSETTLED]
     return _template(statements, sql.COLLECTION_RESULT, sql.LEASE_AFTER_REFUSAL if fenced else None)
 
 
@@ -170,6 +170,7 @@ def _table_template(target: Target, shape: _Shape) -> _Template:
     statements = [*_locks(shape.fenced, lock_row), update, sql.UNCLAIM]
     if shape.fenced:
         statements.append(sql.RAISE_FENCE)
+    statements.append(sql.UNSETTLED)
     head, lock = "@f_claimed, @f_done, @f_now, ", " FOR UPDATE"
     result = _table_select(target, shape.text_key, head, lock)
     return _template(statements, result, sql.LEASE_AFTER_REFUSAL if shape.fenced else None)
@@ -181,6 +182,11 @@ class Slots:
 
     result: int
     lease: int | None
+
+    @property
+    def unsettled(self) -> int:
+        """``UNSETTLED``'s answer: the statement before the result."""
+        return self.result - 1
 
 
 def add_commit(script: Script, request: CommitRequest) -> Slots:
@@ -201,7 +207,7 @@ def add_commit(script: Script, request: CommitRequest) -> Slots:
             params += [target.name, key]  # the record's lock
             params += [request.state_json, token, target.name, key, intent.expected_version]
             params += [token, lease.name, token]
-        params += [scope, claim, text, target.name, key]
+        params += [scope, claim, text, scope, claim, target.name, key]
     else:
         guard = intent.guard or {}
         versioned = bool(target.version_column) and intent.expected_version is not None
@@ -228,7 +234,7 @@ def add_commit(script: Script, request: CommitRequest) -> Slots:
         params += [scope, claim, text]
         if lease is not None:
             params += [scope, text, lease.token, lease.token]
-        params += [scope, text, *_key_params(key)]
+        params += [scope, claim, scope, text, *_key_params(key)]
     if lease is not None:
         params.append(lease.name)
     at = script.add(template.sql, *params, statements=template.statements)
