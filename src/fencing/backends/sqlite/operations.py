@@ -106,34 +106,43 @@ def judged(conn: sqlite3.Connection, request: CommitRequest, now: float) -> Comm
 
 
 def probed(
-    conn: sqlite3.Connection, statements: Statements, request: CommitRequest, now: float
+    conn: sqlite3.Connection,
+    statements: Statements,
+    request: CommitRequest,
+    now: float,
+    refusal: bool = False,
 ) -> CommitResult:
     """An unfenced probe: the record and whether the intent is applied, read by one
-    statement in one snapshot (so it needs no transaction of its own), judged."""
+    statement in one snapshot (so it needs no transaction of its own), judged. For a
+    refused commit (``refusal``) the same statement tells whether the intent has an
+    effect to settle (``CommitResult.unsettled``); with no record it does not know."""
     target, intent = request.target, request.intent
+    scope, claim, key = target.scope, request.claim_id, intent.key
+    tail = 2 if refusal else 1  # the EXISTS columns after the record's
     record = None
     if target.kind == "collection":
-        args = (target.scope, request.claim_id, intent.key, target.name, intent.key)
-        found = conn.execute(sql.PROBE_RECORD, args).fetchone()
+        if refusal:
+            found = conn.execute(
+                sql.REFUSAL_PROBE, (scope, claim, key, scope, claim, target.name, key)
+            ).fetchone()
+        else:
+            found = conn.execute(sql.PROBE_RECORD, (scope, claim, key, target.name, key)).fetchone()
         if found is not None:
             state = json.loads(found[2])
-            record = Record(target.name, intent.key, found[0], found[1], state)
+            record = Record(target.name, key, found[0], found[1], state)
     else:
-        row_args = (
-            target.scope,
-            intent.key,
-            target.scope,
-            request.claim_id,
-            intent.key,
-            intent.key,
-        )
-        cur = conn.execute(statements.row(target, probe=True), row_args)
+        args: tuple[Any, ...] = (scope, key, scope, claim, key)
+        if refusal:
+            args += (scope, claim)
+        cur = conn.execute(statements.row(target, True, refusal), (*args, key))
         found = cur.fetchone()
         if found is not None:
-            fence, names, values = found[-2] or 0, cur.description[:-2], found[:-2]
-            record = table_record(target, intent.key, names, values, fence)
-    applied = found is not None and bool(found[-1])
-    return CommitResult(judge(record, applied, intent, None, None, now), record)
+            cut = -1 - tail
+            fence, names, values = found[cut] or 0, cur.description[:cut], found[:cut]
+            record = table_record(target, key, names, values, fence)
+    applied = found is not None and bool(found[-tail])
+    status = judge(record, applied, intent, None, None, now)
+    return CommitResult(status, record, found is None or bool(found[-1]) if refusal else True)
 
 
 def create(
@@ -187,14 +196,16 @@ def commit(
         # every column of the row but the last, which is its fence
         record = table_record(target, key, cur.description[:-1], row[:-1], row[-1] or 0)
         return CommitResult(Status.APPLIED, record)
-    found = judged(conn, request, now)
+    if lease is None and (collection or intent.guard is None):
+        found = probed(conn, statements, request, now, refusal=True)  # (one statement)
+    else:
+        found = judged(conn, request, now)
+        if found.status is not Status.DUPLICATE:  # (a duplicate settles nothing)
+            unsettled = conn.execute(sql.UNSETTLED, (scope, request.claim_id)).fetchone()
+            found = found._replace(unsettled=unsettled is not None)
     # refused although judged to apply: only a condition of the UPDATE can tell (as on
     # the server backends, the store's own comparison has the last word): Stale
-    status = Status.STALE if found.status is Status.OK else found.status
-    if status is Status.DUPLICATE:  # (a duplicate settles nothing)
-        return found
-    unsettled = conn.execute(sql.UNSETTLED, (scope, request.claim_id)).fetchone() is not None
-    return CommitResult(status, found.record, unsettled)
+    return found._replace(status=Status.STALE) if found.status is Status.OK else found
 
 
 def _write_lease(conn: sqlite3.Connection, row: LeaseRow) -> None:

@@ -27,15 +27,15 @@ MARK_EFFECT: Final = (
     " updated_at = ?, reconciled_at = CASE WHEN ? THEN coalesce(reconciled_at, ?)"
     " ELSE reconciled_at END WHERE idempotency_key = ?"
 )
-# Whether a refused intent has an effect to settle (``CommitResult.unsettled``).
-UNSETTLED: Final = (
-    "SELECT 1 FROM fencing_effects WHERE scope = ? AND intent_id = ? AND outcome IS NULL LIMIT 1"
-)
 SETTLE_EFFECTS: Final = (
     "UPDATE fencing_effects SET outcome = ?, updated_at = ?"
     " WHERE scope = ? AND intent_id = ? AND outcome IS NULL"
 )
 
+# Whether a refused intent has an effect to settle (``CommitResult.unsettled``).
+UNSETTLED: Final = (
+    "SELECT 1 FROM fencing_effects WHERE scope = ? AND intent_id = ? AND outcome IS NULL LIMIT 1"
+)
 CLAIM: Final = (
     "INSERT INTO fencing_applied (scope, intent_id, key, applied_at) VALUES (?, ?, ?, ?)"
     " ON CONFLICT DO NOTHING"
@@ -67,6 +67,10 @@ READ_RECORD: Final = (
 PROBE_RECORD: Final = (
     "SELECT r.version, r.fence, r.state, EXISTS (" + IS_APPLIED + ")"
     " FROM fencing_records AS r WHERE r.collection = ? AND r.key = ?"
+)
+# A refused commit's probe: whether the intent has an effect to settle, too.
+REFUSAL_PROBE: Final = PROBE_RECORD.replace(
+    " FROM fencing_records", ", EXISTS (" + UNSETTLED + ") FROM fencing_records"
 )
 READ_FENCE: Final = "SELECT fence FROM fencing_fences WHERE scope = ? AND key = ?"
 FENCE_OF_ROW: Final = "(SELECT f.fence FROM fencing_fences AS f WHERE f.scope = ? AND f.key = ?)"
@@ -146,12 +150,16 @@ class Statements:
             self._cache[shape] = sql
         return sql
 
-    def row(self, target: Target, probe: bool) -> str:
-        """A user row and its fence (and, to probe, whether an intent is applied)."""
-        shape = ("probe" if probe else "row", target.name, target.key_column)
+    def row(self, target: Target, probe: bool, refusal: bool = False) -> str:
+        """A user row and its fence (and, to probe, whether an intent is applied; for a
+        refusal, also whether it has an effect to settle)."""
+        kind = "refusal" if refusal else "probe" if probe else "row"
+        shape = (kind, target.name, target.key_column)
         sql = self._cache.get(shape)
         if sql is None:
-            applied = f", EXISTS ({IS_APPLIED})" if probe else ""
+            applied = f", EXISTS ({IS_APPLIED})" if probe or refusal else ""
+            if refusal:
+                applied += f", EXISTS ({UNSETTLED})"
             sql = self._keep(
                 shape,
                 f"SELECT t.*, {FENCE_OF_ROW}{applied} FROM {quote(target.name)}"
