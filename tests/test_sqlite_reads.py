@@ -24,18 +24,23 @@ APPLIED: dict[str, str] = {}  # url -> the id of the intent its fixture committe
 TABLE = "CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, qty INTEGER)"
 
 
+def guarded_orders(store: fencing.Store, path: Path) -> None:
+    """Migrate the store, and make the guarded table ``orders`` with row 1 at version 1."""
+    store.migrate()
+    conn = sqlite3.connect(path)
+    conn.execute(TABLE)
+    conn.execute("INSERT INTO orders VALUES (1, 1, 5)")
+    conn.commit()
+    conn.close()
+    store.guard_table("orders")
+
+
 @pytest.fixture
 def url(tmp_path: Path) -> Iterator[str]:
     path = tmp_path / "reads.sqlite"
     url = f"sqlite:///{path}?busy_timeout=0"
     with fencing.open(url) as store:
-        store.migrate()
-        conn = sqlite3.connect(path)
-        conn.execute(TABLE)
-        conn.execute("INSERT INTO orders VALUES (1, 1, 5)")
-        conn.commit()
-        conn.close()
-        store.guard_table("orders")
+        guarded_orders(store, path)
         orders = store.collection("orders")
         orders.create("o-1", {"n": 0})
         done = orders.commit(orders.intent("o-1", "one"), {"n": 1})

@@ -17,7 +17,7 @@ import pytest
 import fencing
 from fencing import Committed, Duplicate, Fenced, Outcome, Stale
 
-TABLE = "CREATE TABLE orders (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, qty INTEGER)"
+from .test_sqlite_reads import guarded_orders
 
 
 @pytest.fixture
@@ -28,13 +28,7 @@ def path(tmp_path: Path) -> Path:
 @pytest.fixture
 def store(path: Path) -> Iterator[fencing.Store]:
     with fencing.open(f"sqlite:///{path}") as store:
-        store.migrate()
-        conn = sqlite3.connect(path)
-        conn.execute(TABLE)
-        conn.execute("INSERT INTO orders VALUES (1, 1, 5)")
-        conn.commit()
-        conn.close()
-        store.guard_table("orders")
+        guarded_orders(store, path)
         store.collection("jobs").create("j-1", {"n": 0})
         yield store
 
