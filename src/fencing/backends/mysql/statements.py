@@ -27,6 +27,26 @@ UNCLAIM: Final = (
     "DELETE FROM fencing_applied WHERE scope = %s AND intent_id = %s AND key_text = %s"
     " AND @f_claimed = 1 AND @f_done = 0"
 )
+# An unfenced collection commit locks its record first and claims the intent only if
+# the record is at the intent's version (``@f_fresh``): a stale intent, the common
+# refusal, then writes nothing, and its COMMIT has no log to flush. Under the record's
+# lock the version cannot move, so a fresh intent's UPDATE applies unless its claim
+# finds it applied; whether a stale one is applied is read with a shared lock
+# (``APPLIED``: the latest committed claim, whatever the transaction's snapshot).
+INIT_FRESH: Final = "SET @f_claimed = 1, @f_done = 0, @f_fresh = 0"
+FRESH: Final = (
+    "SELECT version = %s INTO @f_fresh FROM fencing_records"
+    " WHERE collection = %s AND `key` = %s FOR UPDATE"
+)
+CLAIM_FRESH: Final = (
+    "INSERT INTO fencing_applied (scope, intent_id, key_text, applied_at)"
+    f" SELECT %s, %s, %s, {NOW} FROM DUAL WHERE @f_fresh = 1"
+    " ON DUPLICATE KEY UPDATE applied_at = IF(@f_claimed := 0, applied_at, applied_at)"
+)
+APPLIED: Final = (
+    "SELECT IF(@f_fresh = 1, @f_claimed, COUNT(*) = 0) INTO @f_claimed FROM fencing_applied"
+    " WHERE scope = %s AND intent_id = %s AND key_text = %s LOCK IN SHARE MODE"
+)
 LOCK_LEASE: Final = "SELECT 1 FROM fencing_leases WHERE name = %s LOCK IN SHARE MODE"
 LOCK_RECORD: Final = "SELECT 1 FROM fencing_records WHERE collection = %s AND `key` = %s FOR UPDATE"
 LEASE_LIVE: Final = (
@@ -38,8 +58,6 @@ COLLECTION_UPDATE: Final = (
     " updated_at = @f_now{fence_set}"
     " WHERE collection = %s AND `key` = %s AND version = %s AND @f_claimed = 1{fence_where}"
 )
-# One JSON column rather than six: each column costs the driver a descriptor to parse,
-# and this SELECT is on every commit's success path.
 # Whether a refused intent has an effect to settle (``CommitResult.unsettled``): a
 # SELECT of its own, so a consistent read that takes no lock (a subquery of a SET, or
 # of a SELECT ... FOR UPDATE, would lock the effects it reads: a caller's transaction
@@ -48,6 +66,8 @@ UNSETTLED: Final = (
     "SELECT @f_done = 0 AND EXISTS (SELECT 1 FROM fencing_effects"
     " WHERE scope = %s AND intent_id = %s AND outcome IS NULL)"
 )
+# One JSON column rather than six: each column costs the driver a descriptor to parse,
+# and this SELECT is on every commit's success path.
 COLLECTION_RESULT: Final = (
     "SELECT JSON_ARRAY(@f_claimed, @f_done, @f_now, version, fence, IF(@f_done = 1, NULL, state))"
     " FROM fencing_records WHERE collection = %s AND `key` = %s FOR UPDATE"

@@ -158,6 +158,10 @@ def _collection_template(fenced: bool) -> _Template:
         fence_set=", fence = GREATEST(fence, %s)" if fenced else "",
         fence_where=" AND fence <= %s" + sql.LEASE_LIVE if fenced else "",
     )
+    if not fenced:  # the record locked first; a stale intent claims nothing
+        statements = [sql.INIT_FRESH, sql.FRESH, sql.CLAIM_FRESH, sql.SET_NOW, update]
+        statements += [sql.APPLIED, sql.UNSETTLED]
+        return _template(statements, sql.COLLECTION_RESULT, None)
     statements = [*_locks(fenced, sql.LOCK_RECORD), update, sql.UNCLAIM, sql.UNSETTLED]
     return _template(statements, sql.COLLECTION_RESULT, sql.LEASE_AFTER_REFUSAL if fenced else None)
 
@@ -201,13 +205,16 @@ def add_commit(script: Script, request: CommitRequest) -> Slots:
     if target.kind == "collection":
         template = _collection_template(lease is not None)
         if lease is None:
+            # FRESH, CLAIM_FRESH (scope, claim, text: above), the UPDATE, APPLIED
+            params = [intent.expected_version, target.name, key, *params]
             params += [request.state_json, target.name, key, intent.expected_version]
+            params += [scope, claim, text, scope, claim, target.name, key]
         else:
             token = lease.token
             params += [target.name, key]  # the record's lock
             params += [request.state_json, token, target.name, key, intent.expected_version]
             params += [token, lease.name, token]
-        params += [scope, claim, text, scope, claim, target.name, key]
+            params += [scope, claim, text, scope, claim, target.name, key]
     else:
         guard = intent.guard or {}
         versioned = bool(target.version_column) and intent.expected_version is not None
