@@ -514,7 +514,9 @@ def test_stop_from_a_signal_handler_never_deadlocks(tmp_path: Path) -> None:
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("stopped after 3000 signals")
+    # (a signal already pending when the timer is cancelled may still arrive: 3001)
+    said, count, signals = done.stdout.rsplit(maxsplit=2)
+    assert (said, signals) == ("stopped after", "signals") and int(count) >= 3000, done.stdout
 
 
 def test_a_stop_before_run_makes_run_return_at_once(tmp_path: Path) -> None:
