@@ -38,7 +38,6 @@ OPERATIONS: Final = (
 DEFAULT_SECONDS: Final = 5.0
 DEFAULT_ROUNDS: Final = 20
 QUICK: Final = Plan(rounds=2, ops=4, warmup=2, min_ops=1)
-COMMIT_MANY_TARGET: Final = 20.0  # on PostgreSQL: commit_many at least 20x single commits
 
 Builder = Callable[[], Contest | Skip]
 
@@ -201,7 +200,6 @@ def speedup_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if one is None:
             continue
         ratio = row["fencing_ops_per_s"] / one["fencing_ops_per_s"]
-        target = COMMIT_MANY_TARGET if row["store"] == "postgresql" else None
         out.append(
             {
                 "kind": "speedup",
@@ -211,8 +209,9 @@ def speedup_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "fencing_ops_per_s": row["fencing_ops_per_s"],
                 "baseline_ops_per_s": one["fencing_ops_per_s"],
                 "ratio": ratio,
-                "target_ratio": target,
-                "target_met": None if target is None else ratio >= target,
+                # no target: issue 21 set commit_many's beside the hand-written batch
+                "target_ratio": None,
+                "target_met": None,
             }
         )
     return out

@@ -250,7 +250,7 @@ def rows_for(result: ContestResult, store: str, setting: str) -> list[dict[str, 
             # the machine's drift better than a ratio of two medians.
             ratio = statistics.median(paired)
             of_medians = statistics.median(ours.per_round) / statistics.median(theirs.per_round)
-            target = contest.target if b == 1 and stage == 0 else None
+            target = contest.target if b == 1 else None  # the same-answer baseline
             rows.append(
                 {
                     "kind": "pair",

@@ -28,6 +28,8 @@ from ._answer import Answer
 from ._common import (
     ANSWER_ROWS,
     KEYS,
+    NORMAL_TARGET,
+    SINGLE_TARGET,
     START,
     USING_OPERATION,
     Bench,
@@ -42,7 +44,6 @@ from ._harness import Block, Side, Skip
 
 __all__ = ["SQLiteBench"]
 
-TARGET: Final = 1.10  # table.commit within 1.10x of hand-written on a WAL file
 
 # The hand-written side's schema: fencing's own DDL under other names.
 BASELINE_SCHEMA: Final = """
@@ -487,7 +488,9 @@ class SQLiteBench(Bench):
         self.memory = parsed.path == ":memory:"
         sync = self._synchronous = parsed.option("synchronous", "full").upper()
         self.setting = ":memory:" if self.memory else f"WAL file, synchronous={sync}"
-        self.table_target = None if self.memory else TARGET
+        self.single_target = (
+            None if self.memory else NORMAL_TARGET if sync == "NORMAL" else SINGLE_TARGET
+        )
         self.table_name = f"bench_orders_{suffix}"
         store = fencing.open(url)
         try:
