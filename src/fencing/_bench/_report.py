@@ -205,14 +205,15 @@ def modes_markdown(rows: Sequence[Row]) -> str:
     if cont:
         out += [
             "| store | workers | keys, decide | fencing ops/s | baseline | baseline ops/s"
-            " | goodput ratio | client CPU µs/op fencing / baseline | fencing gave up |",
-            "|---|---|---|---:|---|---:|---:|---:|---:|",
+            " | goodput ratio | target | client CPU µs/op fencing / baseline | fencing gave up |",
+            "|---|---|---|---:|---|---:|---:|---|---:|---:|",
         ]
         for r in cont:
             calls = r["fencing_completed"] + r["fencing_gave_up"]
             out.append(
                 f"| {r['store']} | {r['setting']} | {r['operation']} | {_n(r['fencing_goodput'])}"
                 f" | {r['baseline']} | {_n(r['baseline_goodput'])} | {r['goodput_ratio']:.2f}x"
+                f" | ≥ {r['goodput_target']:.1f}x {'met' if r['goodput_met'] else 'MISSED'}"
                 f" | {_n(r['fencing_cpu_us_per_op'])} / {_n(r['baseline_cpu_us_per_op'])}"
                 f" | {r['fencing_gave_up']:,.0f} of {calls:,.0f} |"
             )
