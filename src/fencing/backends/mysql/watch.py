@@ -21,7 +21,8 @@ cause, and does not wait that long.
   longer than that (InnoDB's lock waits); a blocker that is one of the statement's own
   thread's borrowed connections is a certain self-deadlock: the statement is killed
   (``KILL QUERY``: InnoDB rolls the statement back, and the driver rolls the flow's
-  transaction back, nothing written) and the driver raises ``SelfDeadlock`` naming that connection's thread id.
+  transaction back, nothing written) and the driver raises ``SelfDeadlock`` naming that
+  connection's thread id.
 
 Metadata locks (DDL on the store's own connection while the caller's transaction read
 the table) are not InnoDB lock waits: the server's ``lock_wait_timeout`` bounds those.
