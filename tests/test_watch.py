@@ -375,17 +375,27 @@ def test_holders_are_by_task_too() -> None:
 
 
 def test_the_owners_left_behind_are_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past 64 owners, those holding nothing any more (threads ended, tasks done, their
+    connections moved on) are dropped."""
     holders: Holders[str] = Holders(lambda conn: "db")
-    conns = [Borrowed("db") for _ in range(66)]
+
+    def hold_as(number: int, conn: Borrowed) -> None:
+        monkeypatch.setattr(_watch, "owner", lambda: (number, 0))
+        holders.hold(conn)
+
+    conns = [Borrowed("db") for _ in range(60)]
     for number, conn in enumerate(conns):
-        monkeypatch.setattr(_watch, "owner", lambda number=number: (number, 0))
-        holders.hold(conn)
-    assert len(holders._by_owner) == 66
+        hold_as(number, conn)
+    for conn in conns[:30]:  # 30 owners hold nothing now
+        hold_as(999, conn)
+    assert len(holders._by_owner) == 61  # not past 64: kept
+    more = [Borrowed("db") for _ in range(4)]
+    for number, conn in enumerate(more, start=100):
+        hold_as(number, conn)  # the 65th owner: the 30 empty ones go
+    assert len(holders._by_owner) == 61 + 4 - 30
+    assert all(holders._by_owner.values())
     monkeypatch.setattr(_watch, "owner", lambda: (999, 0))
-    for conn in conns:  # each moves to one owner: the others hold nothing, swept
-        holders.hold(conn)
-    assert list(holders._by_owner) == [(999, 0)]
-    assert sorted(id(c) for c, _ in holders.held()) == sorted(id(c) for c in conns)
+    assert sorted(id(c) for c, _ in holders.held()) == sorted(id(c) for c in conns[:30])
 
 
 # -- the stores' parts, on fake connections ------------------------------------------------
