@@ -62,6 +62,9 @@ class Scripted(Watchdog):
             raise error
         return [(w, b) for w in ids for b in sorted(self.blocks.get(w, ()))]
 
+    def lost(self, conn: Any) -> bool:
+        return bool(conn.closed)
+
     def cancel(self, conn: Any, watched: Watched) -> None:
         assert self._cond._is_owned()  # type: ignore[attr-defined]  # under the lock
         self.cancelled.put((conn.number, watched.conn_id, watched.blocker))
@@ -69,6 +72,10 @@ class Scripted(Watchdog):
     def ask_round(self) -> list[int]:
         """Wait for the next question; what it asked about."""
         return self.asked.get(timeout=WAIT)[1]
+
+    def ask_on(self) -> int:
+        """Wait for the next question; the number of the connection it was asked on."""
+        return self.asked.get(timeout=WAIT)[0]
 
 
 @pytest.fixture
@@ -184,6 +191,16 @@ def test_an_error_closes_the_connection_and_the_next_round_opens_another(
     dog.done(watched)
 
 
+def test_a_connection_found_closed_is_opened_again(dog: Scripted) -> None:
+    watched = dog.watch(7, frozenset({70}))  # blocked by no one: asked again and again
+    assert dog.ask_on() == 0
+    dog.conns[0].closed = True  # the server closed it
+    while dog.ask_on() == 0:
+        pass
+    assert len(dog.conns) == 2
+    dog.done(watched)
+
+
 def test_a_failed_cancel_is_an_error_of_the_round_too(dog: Scripted) -> None:
     failed = threading.Event()
     cancel = dog.cancel
@@ -248,12 +265,27 @@ def test_stop_ends_the_thread_and_closes_its_connection() -> None:
     dog.done(later)
 
 
-def test_stop_while_idle() -> None:
-    dog = Scripted()
-    watched = dog.watch(1, frozenset())
-    dog.done(watched)  # nothing registered: the thread waits for a statement
+def _waiting(dog: Scripted) -> None:
+    """Wait (bounded) until the dog's thread waits on its condition."""
+    waiters = dog._cond._waiters  # type: ignore[attr-defined]
+    for _ in range(int(WAIT / 0.001)):
+        if waiters:
+            return
+        threading.Event().wait(0.001)
+    raise AssertionError("the thread never waited")
+
+
+@pytest.mark.parametrize("registered", [False, True], ids=["idle", "waiting-an-interval"])
+def test_stop_wakes_the_waiting_thread(registered: bool) -> None:
+    dog = Scripted(interval=3600.0)  # a round only after an hour: it waits
+    if registered:
+        dog._watched.add(Watched(1, frozenset(), since=0.0))
+    thread = dog._thread = threading.Thread(target=dog._run, daemon=True)
+    thread.start()
+    _waiting(dog)
     dog.stop(WAIT)
-    assert dog._thread is not None and not dog._thread.is_alive()
+    assert not thread.is_alive()
+    assert dog.asked.empty() and dog.conns == []
 
 
 def test_stop_while_resting_after_an_error() -> None:
