@@ -8,7 +8,8 @@ From the bottom:
 1. ``values``: intents, records, outcomes, rules, effects, signing, the request/answer
    values a store and its backend exchange, store URLs;
 2. ``policy``: stale policies and the apply/lease flows;
-3. ``backend core``: the contract, the flow-driven base, the pool;
+3. ``backend core``: the contract, the flow-driven base, the pool, the servers' shared
+   self-deadlock watchdog;
 4. ``backends``: one package (or module) per store; no store imports another;
 5. ``stores``: the sync and async fronts and ``open``;
 6. ``api``: ``fencing`` itself;
@@ -35,7 +36,7 @@ LAYERS: list[tuple[int, str]] = [
         r"fencing\.(_values|_rules|_effects|_outbox|_signing|_reconcile|_request|_url|_checks|_borrow|_onupdate)",
     ),
     (2, r"fencing\._policy"),
-    (3, r"fencing\.backends(\.(_contract|_abase|_base|_abound|_bound|_pool))?"),
+    (3, r"fencing\.backends(\.(_contract|_abase|_base|_abound|_bound|_pool|_watch))?"),
     (4, r"fencing\.backends\.[a-z]\w*(\..+)?"),
     (5, r"fencing\.(_storebase|_alease|_lease|_aoutbox|_outbox_front|_astore|_store|_open)"),
     (6, r"fencing"),

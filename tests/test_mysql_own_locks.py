@@ -64,6 +64,18 @@ def thread_of(conn: Any) -> int:
         cur.close()
 
 
+def killed_by_the_watchdog(error: BaseException, thread: int) -> None:
+    """``error`` is the SelfDeadlock of a statement the watchdog killed (``KILL QUERY``:
+    the server's 1317, query execution was interrupted), not one that ran out
+    innodb_lock_wait_timeout (1205)."""
+    assert type(error) is fencing.SelfDeadlock
+    assert isinstance(error, fencing.LockTimeout)
+    assert isinstance(error, fencing.TransientStoreError)
+    assert error.pids == (thread,)
+    cause = error.__cause__
+    assert cause is not None and cause.args and cause.args[0] == 1317, repr(cause)
+
+
 @pytest.mark.timeout(60)
 def test_a_commit_behind_your_own_transactions_lock_is_a_self_deadlock(
     store: Any, lend: Callable[[], Any]
@@ -78,7 +90,7 @@ def test_a_commit_behind_your_own_transactions_lock_is_a_self_deadlock(
         cur.close()
         with pytest.raises(fencing.SelfDeadlock, match=f"thread id {thread_of(conn)}") as caught:
             store.table(TABLE).commit(intent, {"status": "b"})  # the store's own connection
-        assert caught.value.pids == (thread_of(conn),)
+        killed_by_the_watchdog(caught.value, thread_of(conn))
         conn.commit()
         assert isinstance(store.table(TABLE).commit(intent, {"status": "b"}), Committed)
         assert store.table(TABLE).get(2).state["total"] == 21  # nothing of the refused one
@@ -97,10 +109,12 @@ def test_a_takeover_behind_your_own_fenced_commit_is_a_self_deadlock(
         assert isinstance(view.commit(view.intent(1, "a"), {"status": "a"}, lease=lease), Committed)
         # InnoDB: the commit share-locked the lease row in the caller's transaction; the
         # release and a takeover write it (on PostgreSQL a release does not conflict)
-        with pytest.raises(fencing.SelfDeadlock):
+        with pytest.raises(fencing.SelfDeadlock) as released:
             lease.release()
-        with pytest.raises(fencing.SelfDeadlock):
+        killed_by_the_watchdog(released.value, thread_of(conn))
+        with pytest.raises(fencing.SelfDeadlock) as taken:
             store.acquire(LEASE, owner="new", ttl=30)
+        killed_by_the_watchdog(taken.value, thread_of(conn))
         conn.commit()
         lease.release()
         assert store.acquire(LEASE, owner="new", ttl=30).token == lease.token + 1
@@ -131,6 +145,8 @@ def test_a_lock_held_elsewhere_is_a_lock_wait_timeout_not_a_self_deadlock(
         with pytest.raises(fencing.TransientStoreError) as caught:
             s.table(TABLE).commit(intent, {"status": "shipped"})
         assert not isinstance(caught.value, fencing.SelfDeadlock)
+        cause = caught.value.__cause__
+        assert cause is not None and cause.args[0] == 1205, repr(cause)  # ran out its wait
         assert classify(caught.value) == (Action.RETRY, "transient")
         other.rollback()
         mine.commit()
@@ -154,8 +170,9 @@ def _self_deadlock_on(url: str) -> None:
             cur = conn.cursor()
             cur.execute(f"UPDATE {TABLE} SET total = 21 WHERE id = 2")
             cur.close()
-            with pytest.raises(fencing.SelfDeadlock):
+            with pytest.raises(fencing.SelfDeadlock) as caught:
                 s.table(TABLE).commit(intent, {"status": "b"})
+            killed_by_the_watchdog(caught.value, thread_of(conn))
         finally:
             conn.rollback()
             conn.close()

@@ -53,6 +53,18 @@ def renewed(lease: Any, since: float) -> None:
         time.sleep(0.05)
 
 
+def cancelled_by_the_watchdog(error: BaseException, pid: int) -> None:
+    """``error`` is the SelfDeadlock of a statement the watchdog cancelled (``PQcancel``:
+    the server's query_canceled, 57014), not one that ran out its lock_timeout (55P03)."""
+    assert type(error) is fencing.SelfDeadlock
+    assert isinstance(error, fencing.LockTimeout)
+    assert isinstance(error, fencing.TransientStoreError)
+    assert error.pids == (pid,)
+    cause = error.__cause__
+    assert isinstance(cause, psycopg.errors.QueryCanceled), repr(cause)
+    assert cause.sqlstate == "57014"
+
+
 @pytest.mark.timeout(60)
 def test_the_readme_lease_pattern_through_using(store: Any, pg: Setup) -> None:
     conn = lend(store, pg)  # not autocommit: the caller's transaction opens implicitly
@@ -138,9 +150,8 @@ def test_a_commit_behind_your_own_transactions_lock_is_a_self_deadlock(
         intent = store.table(TABLE).intent(1, "ship")
         with pytest.raises(fencing.SelfDeadlock, match=f"pid {conn.info.backend_pid}") as caught:
             store.table(TABLE).commit(intent, {"status": "shipped"})
-        assert caught.value.pids == (conn.info.backend_pid,)
+        cancelled_by_the_watchdog(caught.value, conn.info.backend_pid)
         assert f'a row of "{TABLE}"' in str(caught.value)
-        assert isinstance(caught.value, fencing.TransientStoreError)
         # the caller's transaction is untouched, and nothing of the commit was written
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
         conn.rollback()
@@ -157,8 +168,9 @@ def test_a_takeover_behind_your_own_fenced_commit_is_a_self_deadlock(store: Any,
         view = store.using(conn).table(TABLE)
         assert isinstance(view.commit(view.intent(1, "a"), {"status": "a"}, lease=lease), Committed)
         lease.release()  # free now, but the commit under its token is not committed yet
-        with pytest.raises(fencing.SelfDeadlock, match='a row of "fencing_leases"'):
+        with pytest.raises(fencing.SelfDeadlock, match='a row of "fencing_leases"') as caught:
             store.acquire(LEASE, owner="new", ttl=30)
+        cancelled_by_the_watchdog(caught.value, conn.info.backend_pid)
         conn.commit()
         assert store.acquire(LEASE, owner="new", ttl=30).token == lease.token + 1
     finally:
@@ -179,8 +191,10 @@ def test_async_a_commit_behind_your_own_transactions_lock(store: Any, pg: Setup)
             )
             intent = await astore.table(TABLE).intent(2, "b")
             await conn.execute(f"UPDATE {TABLE} SET total = 21 WHERE id = 2")
-            with pytest.raises(fencing.SelfDeadlock, match=f"pid {conn.info.backend_pid}"):
+            pid = conn.info.backend_pid
+            with pytest.raises(fencing.SelfDeadlock, match=f"pid {pid}") as caught:
                 await astore.table(TABLE).commit(intent, {"status": "b"})
+            cancelled_by_the_watchdog(caught.value, pid)
             await conn.commit()
             assert isinstance(await astore.table(TABLE).commit(intent, {"status": "b"}), Committed)
         finally:
@@ -206,7 +220,8 @@ def test_a_lock_held_elsewhere_is_a_lock_timeout_retried_by_the_queues(pg: Setup
         intent = s.table(TABLE).intent(1, "ship")
         with pytest.raises(fencing.LockTimeout, match=f'a row of "{TABLE}"') as caught:
             s.table(TABLE).commit(intent, {"status": "shipped"})
-        assert not isinstance(caught.value, fencing.SelfDeadlock)
+        assert type(caught.value) is fencing.LockTimeout  # not a SelfDeadlock
+        assert getattr(caught.value.__cause__, "sqlstate", None) == "55P03"  # lock_timeout
         assert "store.using(conn)" in str(caught.value)
         assert classify(caught.value) == (Action.RETRY, "transient")
         other.rollback()
@@ -240,7 +255,7 @@ def test_psycopg2_a_commit_behind_your_own_transactions_lock_is_a_self_deadlock(
         pid = conn.info.backend_pid
         with pytest.raises(fencing.SelfDeadlock, match=f"pid {pid}") as caught:
             store.table(TABLE).commit(intent, {"status": "shipped"})
-        assert caught.value.pids == (pid,)
+        cancelled_by_the_watchdog(caught.value, pid)  # (the store's own: psycopg 3)
         conn.rollback()
         assert isinstance(store.table(TABLE).commit(intent, {"status": "shipped"}), Committed)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 from ..testing import ANOMALY_KINDS, LABELS
@@ -155,21 +156,33 @@ def _verdict(console: Any, results: dict[str, RunResult]) -> int:
     return 0
 
 
-def _outbox_table(runs: dict[str, Any]) -> Any:
+def _count(value: int, bad: bool = False) -> str:
+    """A count's cell: in red when it counts something bad."""
+    return f"[bold red]{value}[/]" if bad and value else str(value)
+
+
+def _counts_table(
+    title: str, runs: dict[str, Any], titles: dict[str, str]
+) -> tuple[Any, Callable[..., None]]:
+    """A table of one column per run, and ``row(label, name, bad=False)``: a row of each
+    run's count ``name``."""
     from rich.table import Table
 
-    table = Table(title="the send after the commit, on the same schedule")
+    table = Table(title=title)
     table.add_column("")
     for mode in runs:
-        table.add_column(OUTBOX_TITLES[mode], justify="right")
+        table.add_column(titles[mode], justify="right")
 
     def row(label: str, name: str, bad: bool = False) -> None:
-        cells = []
-        for result in runs.values():
-            value = int(getattr(result, name))
-            cells.append(f"[bold red]{value}[/]" if bad and value else str(value))
-        table.add_row(label, *cells)
+        table.add_row(label, *(_count(int(getattr(r, name)), bad) for r in runs.values()))
 
+    return table, row
+
+
+def _outbox_table(runs: dict[str, Any]) -> Any:
+    table, row = _counts_table(
+        "the send after the commit, on the same schedule", runs, OUTBOX_TITLES
+    )
     row("tasks decided (committed)", "decided")
     row("crashed before the enqueue", "enqueue_crashes")
     row("relay SIGKILLed (after a publish)", "relay_kills")
@@ -184,7 +197,7 @@ def _outbox_table(runs: dict[str, Any]) -> Any:
     for result in runs.values():
         report = result.run.report
         found = sum(report.counts.values()) if report is not None else 0
-        checked.append(f"[bold red]{found}[/]" if found else "0")
+        checked.append(_count(found, bad=True))
     table.add_row("history checker anomalies", *checked)
     return table
 
@@ -213,22 +226,11 @@ def _outbox_verdict(console: Any, runs: dict[str, Any], arq: bool) -> int:
 
 
 def _chain_table(runs: dict[str, Any]) -> Any:
-    from rich.table import Table
-
     from .queues.chain import TITLES as CHAIN_TITLES
 
-    table = Table(title="ship -> notify, the same orders and the same crashes")
-    table.add_column("")
-    for mode in runs:
-        table.add_column(CHAIN_TITLES[mode], justify="right")
-
-    def row(label: str, name: str, bad: bool = False) -> None:
-        cells = []
-        for result in runs.values():
-            value = int(getattr(result, name))
-            cells.append(f"[bold red]{value}[/]" if bad and value else str(value))
-        table.add_row(label, *cells)
-
+    table, row = _counts_table(
+        "ship -> notify, the same orders and the same crashes", runs, CHAIN_TITLES
+    )
     row("orders", "orders")
     row("worker SIGKILLed between its row and its commit", "killed_before_commit")
     row("worker SIGKILLed after its commit, before the ack", "killed_after_commit")

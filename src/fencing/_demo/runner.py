@@ -25,6 +25,7 @@ from .scenario import (
     create_records,
     finish_run,
     make_schedule,
+    start_mode,
     task_message,
 )
 from .worker import WorkerSettings
@@ -105,13 +106,7 @@ def _run_both(
                 history = os.path.join(history_dir, f"{mode}.jsonl")
                 if os.path.exists(history):
                     os.remove(history)
-                if on_start is not None:
-                    on_start(mode, len(specs))
-
-                def progress(n: int, mode: str = mode) -> None:
-                    if on_progress is not None:
-                        on_progress(mode, n)
-
+                progress = start_mode(mode, len(specs), on_start, on_progress)
                 results[mode] = _run_mode(
                     mode, config, specs, store, url, history, run_id, progress
                 )

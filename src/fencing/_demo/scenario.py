@@ -31,7 +31,7 @@ exit status is 0 only if the fencing run shows no anomaly.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -277,3 +277,21 @@ def finish_run(
         result.balance += int(record.state["balance"]) if record is not None else 0
     result.expected_balance = sum(s.amount for s in credited)
     result.report = check_file(result.history)
+
+
+def start_mode(
+    mode: str,
+    total: int,
+    on_start: Callable[[str, int], None] | None,
+    on_progress: Callable[[str, int], None] | None,
+) -> Callable[[int], None]:
+    """Say that ``mode``'s run of ``total`` tasks starts (``on_start``); what the run calls
+    as tasks end (``on_progress`` for that mode)."""
+    if on_start is not None:
+        on_start(mode, total)
+
+    def advance(n: int) -> None:
+        if on_progress is not None:
+            on_progress(mode, n)
+
+    return advance

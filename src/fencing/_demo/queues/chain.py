@@ -23,9 +23,7 @@ rows per order) and from the workers' events (duplicates refused, crashes).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import shutil
 import sqlite3
 import time
 from collections.abc import Callable
@@ -36,6 +34,7 @@ import fencing
 
 from ..._errors import ConfigurationError
 from ..config import DemoConfig
+from ..scenario import start_mode
 from ._broker import broker_url
 from ._chain import (
     EVENTS,
@@ -54,11 +53,9 @@ from .runner import (
     POLL,
     RUN_TIMEOUT,
     _broker_failures,
-    _exit_on_sigterm,
     _Progress,
-    _wait_ready,
+    processes,
     run_setup,
-    worker_env,
 )
 
 TITLES: Final = {
@@ -150,9 +147,8 @@ class _Run:
                     f"the {self.mode} chain run did not finish in {RUN_TIMEOUT:.0f}s"
                     f" ({shipped} of {self.orders} orders shipped)"
                 )
-            for line in self.events.read():
-                if line.get("mode") == self.mode:
-                    self._note(line)
+            for line in self.events.of(self.mode):
+                self._note(line)
             self.workers.check()
             if self.relays is not None:
                 self.relays.check()
@@ -247,68 +243,44 @@ def run_chain_demo(
     temp, settings, _history = run_setup(config, url, None)
     control, run_id, path = Path(settings.control), settings.run_id, str(temp / "demo.db")
     before, after = chain_crashes(config.seed, config.tasks)
-    sender: Any = None
-    workers: Workers | None = None
-    relays: Relays | None = None
     results: dict[str, ChainResult] = {}
-    restore = _exit_on_sigterm()
-    try:
-        with fencing.open(settings.store) as store, _broker_failures(queue, module):
-            create_tables(path, run_id, config.tasks)
-            sender = module.Sender(settings)
-            env = worker_env(settings, sender)
-            restarts = 4 * (len(before) + len(after)) + 4
-            workers = Workers(run_id, sender.commands(config.workers), env, control, restarts)
-            workers.start()
-            _wait_ready(sender, workers, control)
-            events = _Progress(control / EVENTS)
-            for mode in MODES:
-                if on_start is not None:
-                    on_start(mode, config.tasks)
-
-                def advance(n: int, mode: str = mode) -> None:
-                    if on_progress is not None:
-                        on_progress(mode, n)
-
-                if mode == "chain":
-                    relays = Relays(queue, env, control, relay_hangs(config.seed, config.tasks))
-                    relays.start()
-                run = _Run(
-                    mode,
-                    config.tasks,
-                    orders_table(run_id, mode),
-                    store,
-                    workers,
-                    relays if mode == "chain" else None,
-                    events,
-                    advance,
+    with (
+        processes(temp, lambda: _cleanup_outbox_jobs(url, control)) as started,
+        fencing.open(settings.store) as store,
+        _broker_failures(queue, module),
+    ):
+        create_tables(path, run_id, config.tasks)
+        sender = module.Sender(settings)
+        restarts = 4 * (len(before) + len(after)) + 4
+        workers = started.start(sender, settings, config.workers, restarts)
+        events = _Progress(control / EVENTS)
+        relays: Relays | None = None
+        for mode in MODES:
+            advance = start_mode(mode, config.tasks, on_start, on_progress)
+            if mode == "chain":
+                relays = started.start_relays(
+                    queue, control, relay_hangs(config.seed, config.tasks)
                 )
-                result = ChainResult(mode, config.tasks, run_id)
+            run = _Run(
+                mode,
+                config.tasks,
+                orders_table(run_id, mode),
+                store,
+                workers,
+                relays if mode == "chain" else None,
+                events,
+                advance,
+            )
+            result = ChainResult(mode, config.tasks, run_id)
 
-                def send(intent: fencing.Intent, mode: str = mode) -> None:
-                    sender.send_chain("ship", mode, intent)
+            def send(intent: fencing.Intent, mode: str = mode) -> None:
+                sender.send_chain("ship", mode, intent)
 
-                try:
-                    run.run(send, result)
-                finally:
-                    if relays is not None:
-                        relays.stop()
-                _judge(run, path, run_id, result)
-                results[mode] = result
-        return results
-    finally:
-        try:
-            if relays is not None:
-                relays.stop()
-            if workers is not None:
-                workers.stop()
-        finally:
-            if sender is not None:
-                with contextlib.suppress(Exception):
-                    sender.cleanup()
-                with contextlib.suppress(Exception):
-                    _cleanup_outbox_jobs(url, control)
-                with contextlib.suppress(Exception):
-                    sender.close()
-            shutil.rmtree(temp, ignore_errors=True)
-            restore()
+            try:
+                run.run(send, result)
+            finally:
+                if relays is not None:
+                    relays.stop()
+            _judge(run, path, run_id, result)
+            results[mode] = result
+    return results

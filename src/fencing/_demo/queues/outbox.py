@@ -27,10 +27,8 @@ and delivery delays are not used here (the re-publishes are the duplicates).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import random
-import shutil
 import sqlite3
 import time
 from collections.abc import Callable
@@ -40,15 +38,14 @@ from typing import Any, Final
 import fencing
 
 from ..._errors import ConfigurationError
-from ...testing import HistoryWriter
 from ..config import DemoConfig
 from ..scenario import (
     RunResult,
     TaskSpec,
     capture_intent,
     collection_name,
-    finish_run,
     make_schedule,
+    start_mode,
 )
 from ._broker import broker_url
 from ._tasks import Settings, intent_id
@@ -56,18 +53,17 @@ from .modules import preflight
 from .processes import Workers
 from .relay import Relays
 from .runner import (
-    HOLD_LIMIT,
     POLL,
     RUN_TIMEOUT,
     _broker_failures,
-    _exit_on_sigterm,
     _merge,
     _Progress,
-    _Sender,
-    _wait_ready,
+    _Takeovers,
+    committed_roots,
+    finish_from_events,
+    processes,
     run_setup,
     tally,
-    worker_env,
 )
 
 MODES: Final = ("naive", "outbox")
@@ -192,8 +188,7 @@ class _Run:
     on_progress: Callable[[int], None]
 
     def __post_init__(self) -> None:
-        self.held: dict[int, list[TaskSpec]] = {}
-        self.released: set[int] = set()
+        self.schedule: _Takeovers[TaskSpec] = _Takeovers(self.specs)
         self.seen: set[int] = set()
         self.ended: dict[int, int] = {}
         self.last_event = time.monotonic()
@@ -202,15 +197,11 @@ class _Run:
         self.app.decide(self.collections, spec, spec.task in self.lose)
 
     def _release(self, task: int) -> None:
-        self.released.add(task)
-        for spec in self.held.pop(task, []):
+        for spec in self.schedule.release(task):
             self._decide(spec)
 
     def run(self, result: OutboxResult) -> None:
         start = time.monotonic()
-        pending = iter(self.specs)
-        upcoming = next(pending, None)
-        since: dict[int, float] = {}
         while True:
             now = time.monotonic() - start
             if now > RUN_TIMEOUT:
@@ -218,24 +209,17 @@ class _Run:
                     f"the {self.mode} run did not finish in {RUN_TIMEOUT:.0f}s"
                     f" ({len(self.ended)} of {len(self.specs)} tasks done)"
                 )
-            while upcoming is not None and upcoming.enqueue_at <= now:
-                paused = upcoming.takes_over
-                if paused is not None and paused not in self.released:
-                    self.held.setdefault(paused, []).append(upcoming)
-                    since[paused] = now
-                else:
-                    self._decide(upcoming)
-                upcoming = next(pending, None)
-            for paused, at in list(since.items()):
-                if paused in self.held and now - at > HOLD_LIMIT:
-                    self._release(paused)
-            for event in self.progress.read():
-                if event.get("mode") == self.mode:
-                    self._note(event, result.run)
+            while (spec := self.schedule.next_due(now)) is not None:
+                if not self.schedule.hold(spec, spec, now):
+                    self._decide(spec)
+            for paused in self.schedule.overdue(now):
+                self._release(paused)
+            for event in self.progress.of(self.mode):
+                self._note(event, result.run)
             self.workers.check()
             if self.relays is not None:
                 self.relays.check()
-            if upcoming is None and not self.held and self._done():
+            if self.schedule.upcoming is None and not self.schedule.held and self._done():
                 break
             time.sleep(POLL)
         result.run.seconds = time.monotonic() - start
@@ -284,12 +268,8 @@ def _senders(queue: str, module: Any, sender: Any, settings: Settings) -> tuple[
 def _judge(run: _Run, result: OutboxResult, control: Path, history: Path, run_id: str) -> None:
     mode = run.mode
     events = _merge(control, mode)
-    committed: dict[str, int] = {}
-    for e in events:
-        if e.get("outcome") == "committed":
-            root = str(e.get("root_id"))
-            committed[root] = committed.get(root, 0) + 1
-        result.duplicates_refused += e.get("outcome") == "duplicate"
+    committed = committed_roots(events)
+    result.duplicates_refused += sum(e.get("outcome") == "duplicate" for e in events)
     result.decided = run.app.decided()
     result.enqueue_crashes = 0 if run.relays else len(run.lose)
     result.delivered = len(run.seen)
@@ -304,16 +284,8 @@ def _judge(run: _Run, result: OutboxResult, control: Path, history: Path, run_id
         result.republished = sum(n - 1 for n in mine.values() if n > 1)
         result.republished_tasks = sorted(task for task, n in mine.items() if n > 1)
         result.relay_kills = run.relays.kills
-    credited = [
-        s
-        for s in run.specs
-        if s.kind == "accounts" and intent_id(run_id, mode, s.task) in committed
-    ]
-    writer = HistoryWriter(history)
-    for event in events:
-        writer.write(event)
     keys = {kind: sorted({s.key for s in run.specs if s.kind == kind}) for kind in run.collections}
-    finish_run(result.run, writer, run.collections, keys, credited)
+    finish_from_events(result.run, history, events, run.collections, keys, run.specs, committed)
 
 
 def _records(store: fencing.Store, specs: list[TaskSpec], run_id: str) -> dict[str, Any]:
@@ -369,76 +341,50 @@ def run_outbox_demo(
     lose = losses(config.seed, specs)
     temp, settings, history_dir = run_setup(config, url, None)
     control, run_id, db = Path(settings.control), settings.run_id, temp / "demo.db"
-    sender: _Sender | None = None
-    workers: Workers | None = None
-    relays: Relays | None = None
     results: dict[str, OutboxResult] = {}
-    restore = _exit_on_sigterm()
-    try:
-        with fencing.open(settings.store) as store, _broker_failures(queue, module):
-            sender = module.Sender(settings)
-            env = worker_env(settings, sender)
-            restarts = 2 * sum(s.crash for s in specs) if settings.crash else 0
-            workers = Workers(run_id, sender.commands(config.workers), env, control, restarts)
-            workers.start()
-            _wait_ready(sender, workers, control)
-            progress = _Progress(control / "progress.jsonl")
-            direct, outbox = _senders(queue, module, sender, settings)
-            for mode in MODES:
-                history = history_dir / f"{mode}.jsonl"
-                history.unlink(missing_ok=True)
-                if on_start is not None:
-                    on_start(mode, len(specs))
-
-                def advance(n: int, mode: str = mode) -> None:
-                    if on_progress is not None:
-                        on_progress(mode, n)
-
-                run_specs = [dataclasses.replace(s, key=f"{mode}-{s.key}") for s in specs]
-                collections = _records(store, run_specs, run_id)
-                app = _Application(store, str(db), mode, settings, direct)
-                if mode == "outbox":
-                    app.send = outbox
-                    relays = Relays(queue, env, control, relay_hangs(config.seed, config.tasks))
-                    relays.start()
-                result = OutboxResult(
-                    RunResult(mode, len(specs), history=str(history), run_id=run_id)
+    with (
+        processes(temp, lambda: _cleanup_outbox_jobs(url, control)) as started,
+        fencing.open(settings.store) as store,
+        _broker_failures(queue, module),
+    ):
+        restarts = 2 * sum(s.crash for s in specs) if settings.crash else 0
+        sender = module.Sender(settings)
+        workers = started.start(sender, settings, config.workers, restarts)
+        progress = _Progress(control / "progress.jsonl")
+        direct, outbox = _senders(queue, module, sender, settings)
+        relays: Relays | None = None
+        for mode in MODES:
+            history = history_dir / f"{mode}.jsonl"
+            history.unlink(missing_ok=True)
+            advance = start_mode(mode, len(specs), on_start, on_progress)
+            run_specs = [dataclasses.replace(s, key=f"{mode}-{s.key}") for s in specs]
+            collections = _records(store, run_specs, run_id)
+            app = _Application(store, str(db), mode, settings, direct)
+            if mode == "outbox":
+                app.send = outbox
+                relays = started.start_relays(
+                    queue, control, relay_hangs(config.seed, config.tasks)
                 )
-                run = _Run(
-                    mode,
-                    run_specs,
-                    lose if mode == "naive" else set(),
-                    app,
-                    collections,
-                    workers,
-                    relays if mode == "outbox" else None,
-                    progress,
-                    advance,
-                )
-                try:
-                    run.run(result)
-                finally:
-                    if relays is not None:
-                        relays.stop()
-                _judge(run, result, control, history, run_id)
-                app.close()
-                if config.history_dir is None:
-                    result.run.history = ""
-                results[mode] = result
-        return results
-    finally:
-        try:
-            if relays is not None:
-                relays.stop()
-            if workers is not None:
-                workers.stop()
-        finally:
-            if sender is not None:
-                with contextlib.suppress(Exception):
-                    sender.cleanup()
-                with contextlib.suppress(Exception):
-                    _cleanup_outbox_jobs(url, control)
-                with contextlib.suppress(Exception):
-                    sender.close()
-            shutil.rmtree(temp, ignore_errors=True)
-            restore()
+            result = OutboxResult(RunResult(mode, len(specs), history=str(history), run_id=run_id))
+            run = _Run(
+                mode,
+                run_specs,
+                lose if mode == "naive" else set(),
+                app,
+                collections,
+                workers,
+                relays if mode == "outbox" else None,
+                progress,
+                advance,
+            )
+            try:
+                run.run(result)
+            finally:
+                if relays is not None:
+                    relays.stop()
+            _judge(run, result, control, history, run_id)
+            app.close()
+            if config.history_dir is None:
+                result.run.history = ""
+            results[mode] = result
+    return results

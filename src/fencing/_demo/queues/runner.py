@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final, Protocol
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import fencing
 
@@ -36,11 +36,13 @@ from ..scenario import (
     create_records,
     finish_run,
     make_schedule,
+    start_mode,
 )
 from ._broker import broker_url
 from ._tasks import ENV_PREFIX, Settings, intent_id
 from .modules import crashes, preflight
 from .processes import Workers
+from .relay import Relays
 
 START_TIMEOUT: Final = 60.0
 RUN_TIMEOUT: Final = 300.0
@@ -75,6 +77,54 @@ class _Progress:
         *lines, self.partial = data.split(b"\n")
         return [json.loads(line) for line in lines if line.strip()]
 
+    def of(self, mode: str) -> list[dict[str, Any]]:
+        """The new lines of ``mode``'s run."""
+        return [event for event in self.read() if event.get("mode") == mode]
+
+
+_T = TypeVar("_T")
+
+
+class _Takeovers(Generic[_T]):
+    """The schedule's tasks as they come due, each takeover held (as ``_T``: what its run
+    does with it later) until the task it takes over paused or ended (``release``), or
+    for ``HOLD_LIMIT`` at most (``overdue``)."""
+
+    def __init__(self, specs: list[TaskSpec]) -> None:
+        self._pending = iter(specs)
+        self.upcoming = next(self._pending, None)
+        self.held: dict[int, list[_T]] = {}
+        self.released: set[int] = set()
+        self._since: dict[int, float] = {}
+
+    def next_due(self, now: float) -> TaskSpec | None:
+        """The next task decided by ``now`` (None: none yet)."""
+        spec = self.upcoming
+        if spec is None or spec.enqueue_at > now:
+            return None
+        self.upcoming = next(self._pending, None)
+        return spec
+
+    def hold(self, spec: TaskSpec, item: _T, now: float) -> bool:
+        """Hold ``item`` when ``spec`` takes over a task not released yet (False: it may go)."""
+        paused = spec.takes_over
+        if paused is None or paused in self.released:
+            return False
+        self.held.setdefault(paused, []).append(item)
+        self._since[paused] = now
+        return True
+
+    def release(self, task: int) -> list[_T]:
+        """``task`` paused or ended: what was held for it (from now on nothing is)."""
+        self.released.add(task)
+        return self.held.pop(task, [])
+
+    def overdue(self, now: float) -> list[int]:
+        """The tasks whose takeovers were held longer than ``HOLD_LIMIT``."""
+        return [
+            p for p, at in list(self._since.items()) if p in self.held and now - at > HOLD_LIMIT
+        ]
+
 
 # -- one run -------------------------------------------------------------------------------------
 @dataclasses.dataclass
@@ -93,8 +143,7 @@ class _Run:
         self.heap: list[tuple[float, int, TaskSpec, Any]] = []
         self.seq = 0
         self.intents: dict[int, Any] = {}
-        self.held: dict[int, list[tuple[float, TaskSpec]]] = {}
-        self.released: set[int] = set()
+        self.schedule: _Takeovers[tuple[float, TaskSpec]] = _Takeovers(self.specs)
         self.ended: dict[int, int] = {}
         self.expected = {s.task: 1 + (s.duplicate is not None) for s in self.specs}
         self.completed = 0
@@ -104,15 +153,11 @@ class _Run:
         heapq.heappush(self.heap, (at, self.seq, spec, self.intents[spec.task]))
 
     def _release(self, task: int, now: float) -> None:
-        self.released.add(task)
-        for delay, spec in self.held.pop(task, []):
+        for delay, spec in self.schedule.release(task):
             self._push(now + delay, spec)
 
     def run(self, collections: Any, result: RunResult) -> None:
         start = time.monotonic()
-        pending = iter(self.specs)
-        upcoming = next(pending, None)
-        decided: dict[int, float] = {}
         while self.completed < len(self.specs):
             now = time.monotonic() - start
             if now > RUN_TIMEOUT:
@@ -120,32 +165,24 @@ class _Run:
                     f"the {result.mode} run through {self.settings.queue} did not finish in"
                     f" {RUN_TIMEOUT:.0f}s ({self.completed} of {len(self.specs)} tasks done)"
                 )
-            while upcoming is not None and upcoming.enqueue_at <= now:
-                spec = upcoming
+            while (spec := self.schedule.next_due(now)) is not None:
                 intent = capture_intent(collections, spec)
                 intent = dataclasses.replace(
                     intent, id=intent_id(self.settings.run_id, self.mode, spec.task)
                 )
                 self.intents[spec.task] = intent
-                paused = spec.takes_over
-                if paused is not None and paused not in self.released:
-                    self.held.setdefault(paused, []).append((spec.delay, spec))
-                    decided[paused] = now
-                else:
+                if not self.schedule.hold(spec, (spec.delay, spec), now):
                     self._push(now + spec.delay, spec)
                 if spec.duplicate is not None:
                     result.duplicates += 1
                     self._push(now + spec.delay + spec.duplicate, spec)
-                upcoming = next(pending, None)
-            for paused, since in list(decided.items()):
-                if paused in self.held and now - since > HOLD_LIMIT:
-                    self._release(paused, now)
+            for paused in self.schedule.overdue(now):
+                self._release(paused, now)
             while self.heap and self.heap[0][0] <= now:
                 _, _, spec, intent = heapq.heappop(self.heap)
                 self.sender.send(self.mode, spec.kind, spec.leased, intent)
-            for event in self.progress.read():
-                if event.get("mode") == self.mode:
-                    self._note(event, time.monotonic() - start, result)
+            for event in self.progress.of(self.mode):
+                self._note(event, time.monotonic() - start, result)
             self.workers.check()
             time.sleep(POLL)
         result.seconds = time.monotonic() - start
@@ -190,6 +227,38 @@ def _merge(control: Path, mode: str) -> list[dict[str, Any]]:
     return events
 
 
+def committed_roots(events: list[dict[str, Any]]) -> dict[str, int]:
+    """How many times each intent (by its root id) was committed, from the run's events."""
+    committed: dict[str, int] = {}
+    for event in events:
+        if event.get("outcome") == "committed":
+            root = str(event.get("root_id"))
+            committed[root] = committed.get(root, 0) + 1
+    return committed
+
+
+def finish_from_events(
+    result: RunResult,
+    history: Path,
+    events: list[dict[str, Any]],
+    collections: Any,
+    keys: dict[str, list[str]],
+    specs: list[TaskSpec],
+    committed: dict[str, int],
+) -> None:
+    """Write the run's events to its history and judge it (``finish_run``); the balance
+    expected is the credits of the accounts tasks committed."""
+    credited = [
+        s
+        for s in specs
+        if s.kind == "accounts" and intent_id(result.run_id, result.mode, s.task) in committed
+    ]
+    writer = HistoryWriter(history)
+    for event in events:
+        writer.write(event)
+    finish_run(result, writer, collections, keys, credited)
+
+
 @contextlib.contextmanager
 def _broker_failures(queue: str, module: ModuleType) -> Iterator[None]:
     """A broker that fails mid-run is a clear error (exit 2), not a traceback."""
@@ -229,6 +298,67 @@ def _wait_ready(sender: _Sender, workers: Workers, control: Path) -> None:
                 f"the workers did not start in {START_TIMEOUT:.0f}s:\n{workers.tail(0)}"
             )
         time.sleep(0.05)
+
+
+class _Processes:
+    """A run's sender and processes: the workers (``start``) and the relays of an outbox
+    run (``start_relays``); ``stop`` stops them and cleans the broker up."""
+
+    def __init__(self) -> None:
+        self.sender: Any = None
+        self.env: dict[str, str] = {}
+        self.workers: Workers | None = None
+        self.relays: Relays | None = None
+
+    def start(self, sender: Any, settings: Settings, count: int, restarts: int) -> Workers:
+        """Start ``count`` worker processes for ``sender``'s queue, and wait until they answer."""
+        self.sender = sender
+        control = Path(settings.control)
+        self.env = worker_env(settings, sender)
+        workers = Workers(settings.run_id, sender.commands(count), self.env, control, restarts)
+        self.workers = workers
+        workers.start()
+        _wait_ready(sender, workers, control)
+        return workers
+
+    def start_relays(self, queue: str, control: Path, hangs: list[int]) -> Relays:
+        self.relays = Relays(queue, self.env, control, hangs)
+        self.relays.start()
+        return self.relays
+
+    def stop(self, cleanup: Callable[[], None] | None = None) -> None:
+        """Stop the processes; then the sender cleans up (and ``cleanup``), and closes,
+        whatever their errors."""
+        try:
+            if self.relays is not None:
+                self.relays.stop()
+            if self.workers is not None:
+                self.workers.stop()
+        finally:
+            if self.sender is not None:
+                with contextlib.suppress(Exception):
+                    self.sender.cleanup()
+                if cleanup is not None:
+                    with contextlib.suppress(Exception):
+                        cleanup()
+                with contextlib.suppress(Exception):
+                    self.sender.close()
+
+
+@contextlib.contextmanager
+def processes(temp: Path, cleanup: Callable[[], None] | None = None) -> Iterator[_Processes]:
+    """A run's processes, stopped at the end whatever happens (SIGTERM unwinds like
+    Ctrl-C meanwhile); then its temporary directory goes."""
+    restore = _exit_on_sigterm()
+    started = _Processes()
+    try:
+        yield started
+    finally:
+        try:
+            started.stop(cleanup)
+        finally:
+            shutil.rmtree(temp, ignore_errors=True)
+            restore()
 
 
 def worker_env(settings: Settings, sender: _Sender) -> dict[str, str]:
@@ -279,59 +409,28 @@ def run_queue_demo(
     specs = make_schedule(config.seed, config.tasks, config.keys)
     temp, settings, history_dir = run_setup(config, url, config.store)
     store_url, control, run_id = settings.store, Path(settings.control), settings.run_id
-    sender: _Sender | None = None
-    workers: Workers | None = None
     results: dict[str, RunResult] = {}
-    restore = _exit_on_sigterm()
-    try:
-        with fencing.open(store_url) as store, _broker_failures(queue, module):
-            sender = module.Sender(settings)
-            env = worker_env(settings, sender)
-            # one SIGKILLed process per crashing task and run, at most (the first delivery)
-            restarts = 2 * sum(s.crash for s in specs) if settings.crash else 0
-            workers = Workers(run_id, sender.commands(config.workers), env, control, restarts)
-            workers.start()
-            _wait_ready(sender, workers, control)
-            progress = _Progress(control / "progress.jsonl")
-            for mode in ("naive", "fencing"):
-                history = history_dir / f"{mode}.jsonl"
-                history.unlink(missing_ok=True)
-                if on_start is not None:
-                    on_start(mode, len(specs))
-
-                def advance(n: int, mode: str = mode) -> None:
-                    if on_progress is not None:
-                        on_progress(mode, n)
-
-                collections, keys = create_records(store, specs, run_id, mode)
-                result = RunResult(mode, len(specs), history=str(history), run_id=run_id)
-                _Run(mode, specs, settings, sender, workers, progress, advance).run(
-                    collections, result
-                )
-                events = _merge(control, mode)
-                committed = {e.get("root_id") for e in events if e.get("outcome") == "committed"}
-                credited = [
-                    s
-                    for s in specs
-                    if s.kind == "accounts" and intent_id(run_id, mode, s.task) in committed
-                ]
-                writer = HistoryWriter(history)
-                for event in events:
-                    writer.write(event)
-                finish_run(result, writer, collections, keys, credited)
-                if config.history_dir is None:
-                    result.history = ""
-                results[mode] = result
-        return results
-    finally:
-        try:
-            if workers is not None:
-                workers.stop()
-        finally:
-            if sender is not None:
-                with contextlib.suppress(Exception):
-                    sender.cleanup()
-                with contextlib.suppress(Exception):
-                    sender.close()
-            shutil.rmtree(temp, ignore_errors=True)
-            restore()
+    with (
+        processes(temp) as started,
+        fencing.open(store_url) as store,
+        _broker_failures(queue, module),
+    ):
+        # one SIGKILLed process per crashing task and run, at most (the first delivery)
+        restarts = 2 * sum(s.crash for s in specs) if settings.crash else 0
+        sender = module.Sender(settings)
+        workers = started.start(sender, settings, config.workers, restarts)
+        progress = _Progress(control / "progress.jsonl")
+        for mode in ("naive", "fencing"):
+            history = history_dir / f"{mode}.jsonl"
+            history.unlink(missing_ok=True)
+            advance = start_mode(mode, len(specs), on_start, on_progress)
+            collections, keys = create_records(store, specs, run_id, mode)
+            result = RunResult(mode, len(specs), history=str(history), run_id=run_id)
+            _Run(mode, specs, settings, sender, workers, progress, advance).run(collections, result)
+            events = _merge(control, mode)
+            committed = committed_roots(events)
+            finish_from_events(result, history, events, collections, keys, specs, committed)
+            if config.history_dir is None:
+                result.history = ""
+            results[mode] = result
+    return results

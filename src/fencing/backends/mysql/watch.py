@@ -15,13 +15,14 @@ cause, and does not wait that long.
   thread's borrowed connections there).
 * The driver runs a statement *watched* only when the current thread has such a
   connection (else nothing is done: no cost on the usual path). A watched statement is
-  registered with the process's ``Watchdog`` for the server: one daemon thread and one
-  connection of its own, started on first use. Every ``INTERVAL`` it asks the server
-  which transactions block the statements registered longer than that (InnoDB's lock
-  waits); a blocker that is one of the statement's own thread's borrowed connections is
-  a certain self-deadlock: the statement is killed (``KILL QUERY``: InnoDB rolls the
-  statement back, and the driver rolls the flow's transaction back, nothing written)
-  and the driver raises ``SelfDeadlock`` naming that connection's thread id.
+  registered with the process's ``Watchdog`` for the server (``backends/_watch.py``):
+  one daemon thread and one connection of its own, started on first use. Every
+  ``INTERVAL`` it asks the server which transactions block the statements registered
+  longer than that (InnoDB's lock waits); a blocker that is one of the statement's own
+  thread's borrowed connections is a certain self-deadlock: the statement is killed
+  (``KILL QUERY``: InnoDB rolls the statement back, and the driver rolls the flow's
+  transaction back, nothing written) and the driver raises ``SelfDeadlock`` naming that
+  connection's thread id.
 
 Metadata locks (DDL on the store's own connection while the caller's transaction read
 the table) are not InnoDB lock waits: the server's ``lock_wait_timeout`` bounds those.
@@ -29,23 +30,16 @@ the table) are not InnoDB lock waits: the server's ``lock_wait_timeout`` bounds 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import os
-import threading
-import time
-import weakref
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from ..._errors import SelfDeadlock
+from .. import _watch
+from .._watch import INTERVAL, Watched
 
 __all__ = ["INTERVAL", "Watchdog", "Watched", "held_here", "hold", "self_deadlock", "watchdog"]
 
-logger = logging.getLogger("fencing.mysql")
-
-INTERVAL: Final = 0.2  # seconds a watched statement runs before its blockers are asked
 #: MariaDB and MySQL 5.7: InnoDB's lock waits in information_schema; MySQL 8: sys's view
 _BLOCKERS: Final = (
     "SELECT r.trx_mysql_thread_id, b.trx_mysql_thread_id"
@@ -72,67 +66,27 @@ def thread_id(conn: Any) -> int | None:
     return None
 
 
-@dataclass(eq=False)
-class Watched:
-    """A statement being watched: its connection's thread id, and the thread ids of its
-    own thread's borrowed connections."""
+class Watchdog(_watch.Watchdog):
+    """The watchdog of one MySQL / MariaDB server: InnoDB's lock waits, then ``KILL
+    QUERY`` on its own connection."""
 
-    thread: int
-    mine: frozenset[int]
-    since: float = field(default_factory=time.monotonic)
-    blocker: int | None = None  # set (and the statement killed) on a self-deadlock
+    thread_name = "fencing-mysql-watchdog"
+    logger = logging.getLogger("fencing.mysql")
 
-
-class Watchdog:
-    """One daemon thread (per process and server) asking the server what blocks the
-    watched statements."""
-
-    def __init__(self, connect: Any) -> None:
-        self._connect = connect
-        self._cond = threading.Condition()
-        self._watched: set[Watched] = set()
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
+    def __init__(self, connect: Callable[[], Any], interval: float = INTERVAL) -> None:
+        super().__init__(connect, interval)
         self._query = 0  # which of _BLOCKERS the server answers
 
-    def watch(self, conn: Any, mine: frozenset[int]) -> Watched | None:
-        """Register the statement about to run on ``conn`` (call ``done`` after it)."""
+    def watched(self, conn: Any, mine: frozenset[int]) -> Watched | None:
         own = thread_id(conn)
-        if own is None:
-            return None
-        watched = Watched(own, mine)
-        with self._cond:
-            if self._pid != os.getpid():  # a forked child: its own thread, its own state
-                self._watched, self._thread, self._pid = set(), None, os.getpid()
-            self._watched.add(watched)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="fencing-mysql-watchdog", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
-        return watched
+        return None if own is None else Watched(own, mine)
 
-    def done(self, watched: Watched | None) -> None:
-        if watched is None:
-            return
-        with self._cond:
-            self._watched.discard(watched)
-
-    def _due(self) -> list[Watched]:
-        with self._cond:
-            while not self._watched:
-                self._cond.wait()
-            self._cond.wait(INTERVAL)
-            now = time.monotonic()
-            return [w for w in self._watched if w.blocker is None and now - w.since >= INTERVAL]
-
-    def _blockers(self, conn: Any, threads: list[int]) -> list[tuple[int, int]]:
-        marks = ", ".join(["%s"] * len(threads))
+    def blockers(self, conn: Any, ids: list[int]) -> Iterable[tuple[int, int]]:
+        marks = ", ".join(["%s"] * len(ids))
         while True:
             try:
                 with conn.cursor() as cur:
-                    cur.execute(_BLOCKERS[self._query].format(marks), threads)
+                    cur.execute(_BLOCKERS[self._query].format(marks), ids)
                     return [(int(a), int(b)) for a, b in cur.fetchall()]
             except Exception as exc:
                 code = exc.args[0] if exc.args else None
@@ -141,73 +95,19 @@ class Watchdog:
                     continue
                 raise
 
-    def _run(self) -> None:
-        conn: Any = None
-        while True:
-            due = self._due()
-            if not due:
-                continue
-            try:
-                if conn is None:
-                    conn = self._connect()
-                rows = self._blockers(conn, sorted({w.thread for w in due}))
-                blockers: dict[int, set[int]] = {}
-                for waiting, blocking in rows:
-                    blockers.setdefault(waiting, set()).add(blocking)
-                with self._cond:
-                    kill = []
-                    for w in due:
-                        own = sorted(blockers.get(w.thread, set()) & w.mine)
-                        if own and w in self._watched:
-                            w.blocker = own[0]
-                            kill.append(w.thread)
-                for thread in kill:
-                    with conn.cursor() as cur:
-                        cur.execute(f"KILL QUERY {int(thread)}")
-            except Exception:
-                logger.debug("the self-deadlock watchdog could not ask the server", exc_info=True)
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        conn.close()
-                conn = None
-                time.sleep(INTERVAL)
+    def cancel(self, conn: Any, watched: Watched) -> None:
+        with conn.cursor() as cur:
+            cur.execute(f"KILL QUERY {int(watched.conn_id)}")
 
 
 # -- whose transaction a borrowed connection holds (``bound.py`` records it) -------------
-_BY_OWNER: dict[tuple[int, int], weakref.WeakSet[Any]] = {}
-_OWNER_OF: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
-_WHERE: weakref.WeakKeyDictionary[Any, object] = weakref.WeakKeyDictionary()
-_HELD_LOCK: Final = threading.Lock()
-
-
-def _owner() -> tuple[int, int]:
-    """The current thread, and asyncio task (0: none)."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    return threading.get_ident(), 0 if task is None else id(task)
+_HOLDERS: Final[_watch.Holders[object]] = _watch.Holders()
 
 
 def hold(conn: Any, where: object) -> None:
     """``conn`` (given to ``store.using`` of a store on server ``where``) is the current
     thread's (or task's)."""
-    owner = _owner()
-    try:
-        if _OWNER_OF.get(conn) == owner and _WHERE.get(conn) == where:
-            return
-        with _HELD_LOCK:
-            before = _OWNER_OF.get(conn)
-            if before is not None and before in _BY_OWNER:
-                _BY_OWNER[before].discard(conn)
-            _OWNER_OF[conn] = owner
-            _WHERE[conn] = where
-            _BY_OWNER.setdefault(owner, weakref.WeakSet()).add(conn)
-            if len(_BY_OWNER) > 64:  # owners gone (threads ended, tasks done)
-                for gone in [o for o, conns in _BY_OWNER.items() if not conns]:
-                    del _BY_OWNER[gone]
-    except TypeError:  # cannot be weakly referenced: not watched
-        pass
+    _HOLDERS.hold(conn, where)
 
 
 def _open(conn: Any) -> bool:
@@ -230,16 +130,9 @@ def _may_hold_locks(conn: Any) -> bool:
 def held_here(where: object) -> frozenset[int]:
     """The server thread ids of the current thread's (or task's) borrowed connections
     on server ``where`` that may hold locks in a transaction."""
-    if not _BY_OWNER:
-        return frozenset()
-    found = _BY_OWNER.get(_owner())
-    if not found:
-        return frozenset()
-    with _HELD_LOCK:
-        mine = [conn for conn in found if _WHERE.get(conn) == where]
     ids = set()
-    for conn in mine:
-        if _open(conn) and _may_hold_locks(conn):
+    for conn, at in _HOLDERS.held():
+        if at == where and _open(conn) and _may_hold_locks(conn):
             ident = thread_id(conn)
             if ident is not None:
                 ids.add(ident)
@@ -247,19 +140,15 @@ def held_here(where: object) -> frozenset[int]:
 
 
 _WATCHDOGS: dict[object, Watchdog] = {}
-_LOCK: Final = threading.Lock()
 
 
-def watchdog(where: object, connect: Any) -> Watchdog:
+def watchdog(where: object, connect: Callable[[], Any]) -> Watchdog:
     """The process's watchdog for server ``where`` (made on first use; ``connect()``
     opens its connection)."""
-    found = _WATCHDOGS.get(where)
-    if found is None:
-        with _LOCK:
-            found = _WATCHDOGS.setdefault(where, Watchdog(connect))
+    found = _watch.one_per(_WATCHDOGS, where, lambda: Watchdog(connect))
     # the latest store's: the store that made the watchdog may be closed and its database
     # dropped since, and a connection the watchdog lost (a server restart) is made again
-    found._connect = connect
+    found.connect = connect
     return found
 
 
