@@ -130,7 +130,12 @@ ENGINE: Final = (
     "SELECT TABLE_NAME, ENGINE, @@lower_case_table_names FROM information_schema.TABLES"
     " WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s"
 )
-PRUNE: Final = f"DELETE FROM fencing_applied WHERE applied_at < {NOW} - %s"
+# One batch of a prune (``_contract.prune_batches``): the oldest ids, by the applied_at
+# index, at most the limit (ordered to the primary key: the same rows on a replica)
+PRUNE: Final = (
+    f"DELETE FROM fencing_applied WHERE applied_at < {NOW} - %s"
+    " ORDER BY applied_at, scope, intent_id, key_text LIMIT %s"
+)
 
 # Reads for looking (``fencing inspect``, ``fencing stats``): one batch, then the held
 # leases named ``<name>/...`` per name (``LEASES_HELD_UNDER``, one statement per name).

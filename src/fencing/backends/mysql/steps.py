@@ -10,10 +10,24 @@ connection needs: ``START TRANSACTION`` ... ``COMMIT`` on the store's own connec
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["SEPARATOR", "Batch", "Result", "Script", "framed", "one", "statements", "unframed"]
+from ..._flow import Flow
+from .restart import restarts_on_deadlock
+
+__all__ = [
+    "SEPARATOR",
+    "Batch",
+    "Result",
+    "Script",
+    "framed",
+    "one",
+    "pruning",
+    "statements",
+    "unframed",
+]
 
 #: What joins a batch's statements (``Script.batch``); ``statements`` splits on it.
 SEPARATOR: Final = ";\n"
@@ -102,3 +116,16 @@ def statements(batch: Batch) -> list[tuple[str, tuple[Any, ...]]]:
         found.append((sql, tuple(params[:count])))
         del params[:count]
     return found
+
+
+def pruning(text: str, older_than: float) -> Callable[[int], Flow[int]]:
+    """One batch of a prune (``_contract.prune_batches``): ``text``, whose last statement
+    is a DELETE of the age and the limit, a batch on its own (autocommit: its own
+    transaction), run again after a deadlock; how many rows the DELETE deleted."""
+
+    @restarts_on_deadlock
+    def batch(limit: int) -> Flow[int]:
+        results: list[Result] = yield one(text, float(older_than), limit)
+        return results[-1].affected
+
+    return batch

@@ -137,7 +137,13 @@ DELETE: Final = (
     " UPDATE fencing_tombstones AS t SET version = greatest(t.version, gone.version)"
     " FROM gone WHERE t.collection = %(name)s AND t.key = %(key)s"
 )
-PRUNE_APPLIED: Final = f"DELETE FROM fencing_applied WHERE applied_at < {NOW} - %(age)s::float8"
+# One batch of a prune (``_contract.prune_batches``): the oldest ids, by the applied_at
+# index, at most the limit, deleted by their tuple ids (a TID scan: an applied id's row is
+# only ever inserted and deleted, never updated, so its ctid stays its own).
+PRUNE_APPLIED: Final = (
+    "DELETE FROM fencing_applied WHERE ctid = ANY(ARRAY(SELECT ctid FROM fencing_applied"
+    f" WHERE applied_at < {NOW} - %(age)s::float8 ORDER BY applied_at LIMIT %(limit)s))"
+)
 
 # -- reads for looking (``fencing inspect``, ``fencing stats``) ------------------------
 APPLIED_TO_KEY: Final = (

@@ -3,14 +3,14 @@ and what it gets back (an ``Answer``, or a list of them for a pipeline)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from ..._flow import Flow
 from .errors import Disconnected
 
-__all__ = ["Answer", "Pipeline", "Query", "Step", "answer", "has_rows", "read_only"]
+__all__ = ["Answer", "Pipeline", "Query", "Step", "answer", "has_rows", "pruning", "read_only"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +67,15 @@ def read_only(query: Query) -> Flow[Answer]:
     except Disconnected:
         result = yield query
     return result
+
+
+def pruning(text: str, older_than: float) -> Callable[[int], Flow[int]]:
+    """One batch of a prune (``_contract.prune_batches``): the DELETE ``text`` of
+    ``age`` and ``limit``, a statement on its own (its own transaction); how many rows it
+    deleted. Safe to run again: the rows it deleted are gone either way."""
+
+    def batch(limit: int) -> Flow[int]:
+        found = yield from read_only(Query(text, {"age": float(older_than), "limit": limit}))
+        return int(found.rowcount)
+
+    return batch

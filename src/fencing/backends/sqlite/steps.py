@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from ..._flow import Flow
 
-__all__ = ["Txn", "txn"]
+__all__ = ["Txn", "pruning", "txn"]
 
 T = TypeVar("T")
 
@@ -32,3 +32,14 @@ def txn(
     """The flow of one ``Txn`` step: its body's result."""
     result: T = yield Txn(body, write, begin)
     return result
+
+
+def pruning(text: str, older_than: float) -> Callable[[int], Flow[int]]:
+    """One batch of a prune (``_contract.prune_batches``): the DELETE ``text`` of the
+    cutoff (``older_than`` seconds before the store's clock) and the limit, in a write
+    transaction of its own; how many rows it deleted."""
+
+    def batch(limit: int) -> Flow[int]:
+        return txn(lambda conn, now: int(conn.execute(text, (now - older_than, limit)).rowcount))
+
+    return batch
