@@ -1,0 +1,205 @@
+"""``store.prune()`` and ``store.outbox.prune()`` on the SQL stores delete in batches of
+at most ``_contract.PRUNE_BATCH`` rows, each batch its own transaction, so commits go on
+between them: every row past the horizon is deleted all the same (however many batches
+it takes), the count is the rows deleted in all, rows inside the horizon are kept, and
+each batch is one step of its own for the driver (a transaction on SQLite, an autocommit
+statement on PostgreSQL and MariaDB), never one statement for everything.
+
+Rows are put past the horizon by moving their times a day back, straight in fencing's
+tables; nothing here waits for a clock."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import pytest
+
+from fencing import Duplicate, Stale
+from fencing.backends import _contract
+
+from .test_outbox import TASK, _records
+
+SQL_STORES = {"sqlite-memory", "sqlite-file", "postgresql", "mysql"}
+pytestmark = pytest.mark.backends(only=lambda name: name in SQL_STORES)
+
+BATCH = 3
+OLD, NEW = 10, 2  # OLD rows past the horizon: batches of 3, 3, 3 and 1
+BATCHES = 4
+DAY_BACK = "UPDATE {table} SET {column} = {column} - 86400 WHERE {column} IS NOT NULL"
+
+
+@pytest.fixture(autouse=True)
+def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_contract, "PRUNE_BATCH", BATCH)
+
+
+def _sync_backend(store: Any) -> Any:
+    backend = store.backend
+    return getattr(backend, "sync", backend)
+
+
+def _day_back(store: Any, backend_name: str, table: str, column: str) -> None:
+    """Move every ``column`` time of ``table`` a day back (the rows are a day older)."""
+    statement = DAY_BACK.format(table=table, column=column)
+    if backend_name.startswith("sqlite"):
+        backend = _sync_backend(store)
+        with backend._lock:
+            backend.conn.execute(statement)
+        return
+    if backend_name == "postgresql":
+        from .backends_postgres import connect
+    else:
+        from .backends_mysql import connect
+    conn = connect(store)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def _applied(store: Any, first: int, count: int) -> list[Any]:
+    """``count`` intents committed, each on a record of its own; returns them."""
+    orders = store.collection("orders")
+    done = []
+    for i in range(first, first + count):
+        intent = orders.create(f"k{i}", {"n": 0}).intent("ship")
+        assert orders.commit(intent, {"n": 1}).committed
+        done.append(intent)
+    return done
+
+
+def _old_and_new_applied(store: Any, backend_name: str) -> tuple[list[Any], list[Any]]:
+    old = _applied(store, 0, OLD)
+    _day_back(store, backend_name, "fencing_applied", "applied_at")
+    return old, _applied(store, OLD, NEW)
+
+
+@pytest.fixture
+def steps(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The steps the (sync) backend's driver carries out from here on."""
+    backend = store.backend
+    run = backend._run
+    seen: list[Any] = []
+
+    def counted(step: Any) -> Any:
+        seen.append(step)
+        return run(step)
+
+    monkeypatch.setattr(backend, "_run", counted)
+    return seen
+
+
+def test_prune_forgets_every_id_past_the_horizon_however_many_batches(
+    store: Any, backend_name: str
+) -> None:
+    old, new = _old_and_new_applied(store, backend_name)
+    assert store.prune(3600) == OLD
+    orders = store.collection("orders")
+    for intent in new:  # inside the horizon: still known, a replay is a Duplicate
+        assert isinstance(orders.commit(intent, {"n": 2}), Duplicate)
+    for intent in old:  # forgotten: a replay is refused as Stale, not told a Duplicate
+        assert isinstance(orders.commit(intent, {"n": 2}), Stale)
+    assert store.prune(3600) == 0
+
+
+def test_a_batch_exactly_full_is_followed_by_one_that_finds_nothing(
+    store: Any, backend_name: str
+) -> None:
+    _applied(store, 0, 2 * BATCH)
+    _day_back(store, backend_name, "fencing_applied", "applied_at")
+    assert store.prune(3600) == 2 * BATCH
+    assert store.prune(0) == 0
+
+
+@pytest.mark.apis(only=["sync"])
+def test_each_batch_of_a_prune_is_a_step_of_its_own(
+    store: Any, backend_name: str, steps: list[Any]
+) -> None:
+    _old_and_new_applied(store, backend_name)
+    steps.clear()
+    assert store.backend.prune(3600) == OLD
+    assert len(steps) == BATCHES  # one statement for all of it would be one step
+
+
+@pytest.mark.apis(only=["sync"])
+@pytest.mark.backends(only=lambda name: name in {"sqlite-memory", "sqlite-file"})
+def test_sqlite_commits_each_batch_before_the_next(store: Any) -> None:
+    _old_and_new_applied(store, "sqlite")
+    said: list[str] = []
+    conn: sqlite3.Connection = store.backend.conn
+    conn.set_trace_callback(said.append)
+    try:
+        assert store.backend.prune(3600) == OLD
+    finally:
+        conn.set_trace_callback(None)
+    framing = [s for s in said if s in ("BEGIN IMMEDIATE", "COMMIT")]
+    deletes = [s for s in said if s.startswith("DELETE FROM fencing_applied")]
+    assert len(deletes) == BATCHES
+    assert framing == ["BEGIN IMMEDIATE", "COMMIT"] * BATCHES  # the write lock let go
+
+
+def _old_and_new_sent(store: Any, backend_name: str) -> Any:
+    """OLD rows sent a day ago, NEW rows sent now, and one row never sent (returned)."""
+    (a,) = _records(store, "a")
+
+    def sent(count: int) -> None:
+        for i in range(count):
+            store.outbox.send(TASK, a, f"t{i}")
+        claim = store.outbox.claim("r", "celery", limit=100)
+        assert store.outbox.done(claim, claim.rows) == count
+
+    sent(OLD)
+    _day_back(store, backend_name, "fencing_outbox", "sent_at")
+    if backend_name != "postgresql":  # (claim tokens come from a sequence there)
+        _day_back(store, backend_name, "fencing_outbox_claims", "claimed_at")
+    sent(NEW)
+    return store.outbox.send(TASK, a, "later")
+
+
+def test_outbox_prune_deletes_every_old_sent_row_however_many_batches(
+    store: Any, backend_name: str
+) -> None:
+    unsent = _old_and_new_sent(store, backend_name)
+    assert store.outbox.prune(older_than=3600) == OLD
+    assert store.outbox.prune(older_than=3600) == 0
+    assert store.outbox.prune(older_than=0) == NEW  # never an unsent row
+    assert [r.id for r in store.outbox.pending()] == [unsent.id]
+
+
+@pytest.mark.apis(only=["sync"])
+def test_each_batch_of_an_outbox_prune_is_a_step_of_its_own(
+    store: Any, backend_name: str, steps: list[Any]
+) -> None:
+    _old_and_new_sent(store, backend_name)
+    steps.clear()
+    assert store.backend.outbox_prune(3600) == OLD
+    # then the old claims, one batch (SQLite and MariaDB keep them in a table)
+    claims = 0 if backend_name == "postgresql" else 1
+    assert len(steps) == BATCHES + claims
+
+
+def test_batches_go_on_until_one_is_short() -> None:
+    def batches(found: list[int]) -> tuple[int, list[int]]:
+        limits: list[int] = []
+        counts = iter(found)
+
+        def batch(limit: int) -> Any:
+            limits.append(limit)
+            gone: int = yield limit
+            return gone
+
+        flow = _contract.prune_batches(batch)
+        step = next(flow)
+        try:
+            while True:
+                assert step == BATCH
+                step = flow.send(next(counts))
+        except StopIteration as stop:
+            return stop.value, limits
+
+    assert batches([3, 3, 3, 1]) == (10, [BATCH] * 4)
+    assert batches([3, 0]) == (3, [BATCH] * 2)
+    assert batches([0]) == (0, [BATCH])
