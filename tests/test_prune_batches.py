@@ -15,8 +15,12 @@ from typing import Any
 
 import pytest
 
-from fencing import Duplicate, Stale
+from fencing import Duplicate, FencingError, Stale
+from fencing._flow import Flow
 from fencing.backends import _contract
+from fencing.backends.mysql.steps import Batch
+from fencing.backends.postgres.steps import Query
+from fencing.backends.sqlite.steps import Txn
 
 from .test_outbox import TASK, _records
 
@@ -77,19 +81,43 @@ def _old_and_new_applied(store: Any, backend_name: str) -> tuple[list[Any], list
     return old, _applied(store, OLD, NEW)
 
 
+def _spied(flow: Flow[Any], seen: list[Any]) -> Flow[Any]:
+    """``flow``, its steps added to ``seen`` as it yields them."""
+    try:
+        step = next(flow)
+        while True:
+            seen.append(step)
+            try:
+                answer = yield step
+            except FencingError as exc:
+                step = flow.throw(exc)
+            else:
+                step = flow.send(answer)
+    except StopIteration as stop:
+        return stop.value
+
+
 @pytest.fixture
 def steps(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The steps the (sync) backend's driver carries out from here on."""
-    backend = store.backend
-    run = backend._run
+    """The steps the (sync) backend's prune flows yield from here on."""
+    flows = type(store.backend.flows)
     seen: list[Any] = []
-
-    def counted(step: Any) -> Any:
-        seen.append(step)
-        return run(step)
-
-    monkeypatch.setattr(backend, "_run", counted)
+    for name in ("prune", "outbox_prune"):
+        make = getattr(flows, name)
+        monkeypatch.setattr(
+            flows, name, lambda self, *args, make=make: _spied(make(self, *args), seen)
+        )
     return seen
+
+
+def _alone(step: Any) -> bool:
+    """Whether a step is a transaction of its own for its backend's driver."""
+    if isinstance(step, Txn):  # SQLite: BEGIN IMMEDIATE, the body, COMMIT
+        return step.begin and step.write
+    if isinstance(step, Query):  # PostgreSQL: one statement in autocommit
+        return True
+    assert isinstance(step, Batch)  # MariaDB: autocommit statements, no transaction begun
+    return not (step.begin or step.end)
 
 
 def test_prune_forgets_every_id_past_the_horizon_however_many_batches(
@@ -122,6 +150,7 @@ def test_each_batch_of_a_prune_is_a_step_of_its_own(
     steps.clear()
     assert store.backend.prune(3600) == OLD
     assert len(steps) == BATCHES  # one statement for all of it would be one step
+    assert all(_alone(step) for step in steps)
 
 
 @pytest.mark.apis(only=["sync"])
@@ -179,6 +208,7 @@ def test_each_batch_of_an_outbox_prune_is_a_step_of_its_own(
     # then the old claims, one batch (SQLite and MariaDB keep them in a table)
     claims = 0 if backend_name == "postgresql" else 1
     assert len(steps) == BATCHES + claims
+    assert all(_alone(step) for step in steps)
 
 
 def test_batches_go_on_until_one_is_short() -> None:
