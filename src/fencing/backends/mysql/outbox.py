@@ -36,7 +36,7 @@ from ..._outbox import (
 )
 from .._contract import prune_batches
 from .restart import restarts_on_deadlock
-from .statements import NOW, SET_NOW
+from .statements import NOW, SET_NOW, prune_batch
 from .steps import Result, Script, one, pruning
 
 __all__ = ["MySQLOutboxFlows"]
@@ -114,15 +114,11 @@ STATS_KIND: Final = (
     f"SELECT COUNT(*), MIN(created_at), {NOW} FROM fencing_outbox WHERE unsent_kind = %s"
 )
 #: sent rows, and superseded ones (settled then: their ``sent_at`` is when)
-#: (a batch of a prune: the oldest, by the fencing_outbox_sent index, at most the limit)
-PRUNE: Final = (
-    f"DELETE FROM fencing_outbox WHERE sent_at < {NOW} - %s ORDER BY sent_at, id LIMIT %s"
-)
+PRUNE: Final = prune_batch("fencing_outbox", "sent_at", "sent_at, id")
 # the newest claim is kept: its AUTO_INCREMENT then never goes back, even on old servers
 PRUNE_CLAIMS: Final = (
     "SET @f_top = (SELECT MAX(token) FROM fencing_outbox_claims);\n"
-    f"DELETE FROM fencing_outbox_claims WHERE claimed_at < {NOW} - %s AND token < @f_top"
-    " ORDER BY claimed_at, token LIMIT %s"
+    + prune_batch("fencing_outbox_claims", "claimed_at", "claimed_at, token", " AND token < @f_top")
 )
 
 

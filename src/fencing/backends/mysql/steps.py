@@ -119,13 +119,20 @@ def statements(batch: Batch) -> list[tuple[str, tuple[Any, ...]]]:
 
 
 def pruning(text: str, older_than: float) -> Callable[[int], Flow[int]]:
-    """One batch of a prune (``_contract.prune_batches``): ``text``, whose last statement
-    is a DELETE of the age and the limit, a batch on its own (autocommit: its own
-    transaction), run again after a deadlock; how many rows the DELETE deleted."""
+    """The batches of a prune (``_contract.prune_batches``) of ``text``
+    (``statements.prune_batch``): each a batch on its own (autocommit: its own
+    transaction), run again after a deadlock, starting where the one before it ended;
+    how many rows each deleted."""
+    age = float(older_than)
+    after: Any = 0
 
     @restarts_on_deadlock
     def batch(limit: int) -> Flow[int]:
-        results: list[Result] = yield one(text, float(older_than), limit)
-        return results[-1].affected
+        nonlocal after
+        results: list[Result] = yield one(text, after, age, limit, after, age, limit)
+        last = results[-1].rows[0][0]
+        if last is not None:
+            after = last
+        return results[-2].affected
 
     return batch

@@ -29,7 +29,7 @@ from ..._outbox import (
     outbox_row,
 )
 from .._contract import prune_batches
-from .statements import NOW, quoted
+from .statements import NOW, prune_batch, quoted
 from .steps import Answer, Query, pruning, read_only
 
 __all__ = ["CHANNEL", "PostgresOutboxFlows", "wake_prefix"]
@@ -160,12 +160,7 @@ DROP: Final = (
     " SELECT named.id, named.dead, (SELECT count(*) FROM done) FROM named"
 )
 #: sent rows, and superseded ones (settled then: their ``sent_at`` is when)
-#: (a batch of a prune: the oldest, by the fencing_outbox_sent index, at most the limit)
-PRUNE: Final = (
-    "DELETE FROM fencing_outbox WHERE id = ANY(ARRAY(SELECT id FROM fencing_outbox"
-    f" WHERE sent_at IS NOT NULL AND sent_at < {NOW} - %(age)s::float8"
-    " ORDER BY sent_at LIMIT %(limit)s))"
-)
+PRUNE: Final = prune_batch("fencing_outbox", "sent_at", "id", " sent_at IS NOT NULL AND")
 
 
 class PostgresOutboxFlows:

@@ -70,12 +70,20 @@ def read_only(query: Query) -> Flow[Answer]:
 
 
 def pruning(text: str, older_than: float) -> Callable[[int], Flow[int]]:
-    """One batch of a prune (``_contract.prune_batches``): the DELETE ``text`` of
-    ``age`` and ``limit``, a statement on its own (its own transaction); how many rows it
-    deleted. Safe to run again: the rows it deleted are gone either way."""
+    """The batches of a prune (``_contract.prune_batches``) of ``text``
+    (``statements.prune_batch``): each a statement on its own (its own transaction),
+    starting where the one before it ended; how many rows each deleted. Safe to run
+    again: the rows it deleted are gone either way."""
+    age = float(older_than)
+    after = 0.0
 
     def batch(limit: int) -> Flow[int]:
-        found = yield from read_only(Query(text, {"age": float(older_than), "limit": limit}))
-        return int(found.rowcount)
+        nonlocal after
+        params = {"after": after, "age": age, "limit": limit}
+        found = yield from read_only(Query(text, params))
+        count, last = found.rows[0]
+        if last is not None:
+            after = float(last)
+        return int(count)
 
     return batch
