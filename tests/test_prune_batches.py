@@ -45,7 +45,11 @@ def _sync_backend(store: Any) -> Any:
 
 def _day_back(store: Any, backend_name: str, table: str, column: str) -> None:
     """Move every ``column`` time of ``table`` a day back (the rows are a day older)."""
-    statement = DAY_BACK.format(table=table, column=column)
+    _run(store, backend_name, DAY_BACK.format(table=table, column=column))
+
+
+def _run(store: Any, backend_name: str, statement: str) -> None:
+    """Run ``statement`` on the store's database, straight (committed)."""
     if backend_name.startswith("sqlite"):
         backend = _sync_backend(store)
         with backend._lock:
@@ -120,6 +124,14 @@ def _alone(step: Any) -> bool:
     return not (step.begin or step.end)
 
 
+def _after(step: Query | Batch) -> Any:
+    """The time a server's batch starts at (``after``)."""
+    if isinstance(step, Query):
+        return step.params["after"]
+    assert step.params is not None
+    return step.params[0]
+
+
 def test_prune_forgets_every_id_past_the_horizon_however_many_batches(
     store: Any, backend_name: str
 ) -> None:
@@ -142,6 +154,15 @@ def test_a_batch_exactly_full_is_followed_by_one_that_finds_nothing(
     assert store.prune(0) == 0
 
 
+def test_ids_applied_at_the_same_time_are_all_forgotten_across_batches(
+    store: Any, backend_name: str
+) -> None:
+    # (a batch starts at the time the one before it ended: at that time, not after it)
+    _applied(store, 0, OLD)
+    _run(store, backend_name, "UPDATE fencing_applied SET applied_at = 1000000000")
+    assert store.prune(3600) == OLD
+
+
 @pytest.mark.apis(only=["sync"])
 def test_each_batch_of_a_prune_is_a_step_of_its_own(
     store: Any, backend_name: str, steps: list[Any]
@@ -151,6 +172,10 @@ def test_each_batch_of_a_prune_is_a_step_of_its_own(
     assert store.backend.prune(3600) == OLD
     assert len(steps) == BATCHES  # one statement for all of it would be one step
     assert all(_alone(step) for step in steps)
+    if not backend_name.startswith("sqlite"):  # (SQLite's deleted entries are gone at once)
+        # each batch after the first starts at the time the one before it ended
+        starts = [_after(step) for step in steps]
+        assert starts[0] == 0 and all(start > 0 for start in starts[1:])
 
 
 @pytest.mark.apis(only=["sync"])
