@@ -11,6 +11,9 @@ tables; nothing here waits for a clock."""
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,7 +23,8 @@ from fencing._flow import Flow
 from fencing.backends import _contract
 from fencing.backends.mysql.steps import Batch
 from fencing.backends.postgres.steps import Query
-from fencing.backends.sqlite.steps import Txn
+from fencing.backends.sqlite import driver
+from fencing.backends.sqlite.steps import PRUNE_PAUSE, Txn
 
 from .test_outbox import TASK, _records
 
@@ -193,6 +197,35 @@ def test_sqlite_commits_each_batch_before_the_next(store: Any) -> None:
     deletes = [s for s in said if s.startswith("DELETE FROM fencing_applied")]
     assert len(deletes) == BATCHES
     assert framing == ["BEGIN IMMEDIATE", "COMMIT"] * BATCHES  # the write lock let go
+
+
+@pytest.mark.apis(only=["sync"])
+@pytest.mark.backends(only=lambda name: name in {"sqlite-memory", "sqlite-file"})
+def test_sqlite_leaves_its_lock_free_after_each_batch(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its lock is not handed over in turn: a commit waiting for it gets in only while
+    # the prune pauses with the lock free.
+    _old_and_new_applied(store, "sqlite")
+    lock = store.backend._lock
+    free: list[bool] = []
+
+    def try_lock() -> None:
+        if lock.acquire(blocking=False):
+            lock.release()
+            free.append(True)
+        else:
+            free.append(False)
+
+    def pause(seconds: float) -> None:
+        assert seconds == PRUNE_PAUSE
+        other = threading.Thread(target=try_lock)  # (the lock is reentrant: not this one)
+        other.start()
+        other.join()
+
+    monkeypatch.setattr(driver, "time", SimpleNamespace(time=time.time, sleep=pause))
+    assert store.backend.prune(3600) == OLD
+    assert free == [True] * BATCHES
 
 
 def _old_and_new_sent(store: Any, backend_name: str) -> Any:
