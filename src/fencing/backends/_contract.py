@@ -18,6 +18,10 @@ Effects (``fencing._effects``) are rows keyed by their idempotency key:
 * ``prune_effects`` deletes the effects ``PRUNABLE`` at ``older_than`` seconds before the
   store's clock (never one that needs reconciling) and says how many.
 
+``prune`` (applied intent ids) and ``outbox_prune`` (sent rows) delete in batches of at
+most ``PRUNE_BATCH`` rows, each its own short transaction (``prune_batches``), so that
+commits go on between them instead of waiting for one long delete.
+
 Two reads for looking (``fencing inspect`` and ``fencing stats``): ``applied`` answers
 the intent ids recorded as applied to one key, newest first, at most ``limit``; ``stats``
 counts, per collection and table, records, applied intents, effects (``EFFECT_COUNTS``)
@@ -53,6 +57,7 @@ from .._request import (
 from .._values import Record
 
 __all__ = [
+    "PRUNE_BATCH",
     "AsyncBackend",
     "Backend",
     "Flows",
@@ -60,9 +65,14 @@ __all__ = [
     "ThreadedAsyncBackend",
     "no_guard",
     "no_outbox",
+    "prune_batches",
 ]
 
 T = TypeVar("T")
+
+#: The most rows one batch of a prune deletes (one transaction): short enough that a
+#: commit waiting for it waits milliseconds. Read at each prune (tests set it smaller).
+PRUNE_BATCH: int = 5000
 
 
 class Backend(Protocol):
@@ -237,6 +247,19 @@ class OutboxFlows(Protocol):
     def outbox_list(self, kind: str | None, limit: int) -> Flow[list[OutboxRow]]: ...
     def outbox_stats(self, kind: str | None) -> Flow[OutboxStats]: ...
     def outbox_prune(self, older_than: float) -> Flow[int]: ...
+
+
+def prune_batches(batch: Callable[[int], Flow[int]]) -> Flow[int]:
+    """A prune in batches: the flow ``batch(limit)`` deletes at most ``limit`` rows in one
+    transaction of its own and says how many; it runs again until one deletes fewer than
+    ``limit`` (``PRUNE_BATCH``). The rows deleted in all."""
+    limit = PRUNE_BATCH
+    total = 0
+    while True:
+        gone = yield from batch(limit)
+        total += gone
+        if gone < limit:
+            return total
 
 
 def no_outbox(scheme: str) -> ConfigurationError:

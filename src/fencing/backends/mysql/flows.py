@@ -29,6 +29,7 @@ from ..._request import (
 )
 from ..._rules import Status
 from ..._values import Record
+from .._contract import prune_batches
 from . import guard, schema
 from . import statements as sql
 from .answers import commit_result, judged, lease_answer, record_of
@@ -36,7 +37,7 @@ from .effects import EffectFlows
 from .errors import DuplicateKey
 from .outbox import MySQLOutboxFlows
 from .restart import restarts_on_deadlock
-from .steps import Result, Script, one
+from .steps import Result, Script, one, pruning
 from .templates import (
     Slots,
     add_commit,
@@ -232,10 +233,8 @@ class MySQLFlows(EffectFlows, MySQLOutboxFlows):
         results: list[Result] = yield one(sql.LEASE_READ.format(now=sql.NOW), name)
         return lease_answer(name, results[0], False)
 
-    @restarts_on_deadlock
     def prune(self, older_than: float) -> Flow[int]:
-        results: list[Result] = yield one(sql.PRUNE, float(older_than))
-        return results[0].affected
+        return prune_batches(pruning(sql.PRUNE, older_than))
 
     # -- reads for looking (``_contract``) -------------------------------------------------
     @restarts_on_deadlock

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from ..._flow import Flow
 from ..._outbox import (
@@ -34,9 +34,10 @@ from ..._outbox import (
     due_times,
     outbox_row,
 )
+from .._contract import prune_batches
 from .restart import restarts_on_deadlock
-from .statements import NOW, SET_NOW
-from .steps import Result, Script, one
+from .statements import NOW, SET_NOW, prune_batch
+from .steps import Result, Script, one, pruning
 
 __all__ = ["MySQLOutboxFlows"]
 
@@ -113,11 +114,11 @@ STATS_KIND: Final = (
     f"SELECT COUNT(*), MIN(created_at), {NOW} FROM fencing_outbox WHERE unsent_kind = %s"
 )
 #: sent rows, and superseded ones (settled then: their ``sent_at`` is when)
-PRUNE: Final = f"DELETE FROM fencing_outbox WHERE sent_at < {NOW} - %s"
+PRUNE: Final = prune_batch("fencing_outbox", "sent_at", "sent_at, id")
 # the newest claim is kept: its AUTO_INCREMENT then never goes back, even on old servers
 PRUNE_CLAIMS: Final = (
     "SET @f_top = (SELECT MAX(token) FROM fencing_outbox_claims);\n"
-    f"DELETE FROM fencing_outbox_claims WHERE claimed_at < {NOW} - %s AND token < @f_top"
+    + prune_batch("fencing_outbox_claims", "claimed_at", "claimed_at, token", " AND token < @f_top")
 )
 
 
@@ -289,11 +290,7 @@ class MySQLOutboxFlows:
         dead, superseded = int(results[1].rows[0][0]), int(results[2].rows[0][0])
         return OutboxStats(int(count), age, float(now), dead, superseded)
 
-    @restarts_on_deadlock
     def outbox_prune(self, older_than: float) -> Flow[int]:
-        age: Any = float(older_than)
-        script = Script()
-        gone = script.add(PRUNE, age)
-        script.add(PRUNE_CLAIMS, age, statements=2)
-        results: list[Result] = yield script.batch()
-        return results[gone].affected
+        gone = yield from prune_batches(pruning(PRUNE, older_than))
+        yield from prune_batches(pruning(PRUNE_CLAIMS, older_than))
+        return gone

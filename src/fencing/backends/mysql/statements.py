@@ -130,7 +130,29 @@ ENGINE: Final = (
     "SELECT TABLE_NAME, ENGINE, @@lower_case_table_names FROM information_schema.TABLES"
     " WHERE TABLE_SCHEMA = COALESCE(%s, DATABASE()) AND TABLE_NAME = %s"
 )
-PRUNE: Final = f"DELETE FROM fencing_applied WHERE applied_at < {NOW} - %s"
+
+
+def prune_batch(table: str, column: str, order: str, where: str = "") -> str:
+    """One batch of a prune (``_contract.prune_batches``, ``steps.pruning``) of ``table``'s
+    rows whose time ``column`` is past the cutoff: the oldest, at most the limit, by the
+    index on ``column`` (``order``: then the primary key, so the same rows on a replica).
+    Three statements: the time of the last row the batch deletes (``@f_last``), the
+    DELETE, and ``@f_last``; parameters ``(after, age, limit)`` twice. A batch starts at
+    the time the one before it ended (``after``): InnoDB keeps deleted index entries until
+    its purge gets to them, and every batch scanning from the oldest would step over all
+    the earlier batches' again (10^5 rows: 7x slower than one DELETE)."""
+    rows = f"FROM {table} WHERE {column} >= %s AND {column} < {NOW} - %s{where}"
+    return (
+        f"SET @f_last = (SELECT MAX({column}) FROM (SELECT {column} {rows}"
+        f" ORDER BY {column} LIMIT %s) AS b);\n"
+        f"DELETE {rows} ORDER BY {order} LIMIT %s;\n"
+        "SELECT @f_last"
+    )
+
+
+PRUNE: Final = prune_batch(
+    "fencing_applied", "applied_at", "applied_at, scope, intent_id, key_text"
+)
 
 # Reads for looking (``fencing inspect``, ``fencing stats``): one batch, then the held
 # leases named ``<name>/...`` per name (``LEASES_HELD_UNDER``, one statement per name).

@@ -10,10 +10,24 @@ connection needs: ``START TRANSACTION`` ... ``COMMIT`` on the store's own connec
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["SEPARATOR", "Batch", "Result", "Script", "framed", "one", "statements", "unframed"]
+from ..._flow import Flow
+from .restart import restarts_on_deadlock
+
+__all__ = [
+    "SEPARATOR",
+    "Batch",
+    "Result",
+    "Script",
+    "framed",
+    "one",
+    "pruning",
+    "statements",
+    "unframed",
+]
 
 #: What joins a batch's statements (``Script.batch``); ``statements`` splits on it.
 SEPARATOR: Final = ";\n"
@@ -102,3 +116,23 @@ def statements(batch: Batch) -> list[tuple[str, tuple[Any, ...]]]:
         found.append((sql, tuple(params[:count])))
         del params[:count]
     return found
+
+
+def pruning(text: str, older_than: float) -> Callable[[int], Flow[int]]:
+    """The batches of a prune (``_contract.prune_batches``) of ``text``
+    (``statements.prune_batch``): each a batch on its own (autocommit: its own
+    transaction), run again after a deadlock, starting where the one before it ended;
+    how many rows each deleted."""
+    age = float(older_than)
+    after: Any = 0
+
+    @restarts_on_deadlock
+    def batch(limit: int) -> Flow[int]:
+        nonlocal after
+        results: list[Result] = yield one(text, after, age, limit, after, age, limit)
+        last = results[-1].rows[0][0]
+        if last is not None:
+            after = last
+        return results[-2].affected
+
+    return batch

@@ -30,13 +30,14 @@ from ..._request import (
 )
 from ..._rules import LeaseRow, Status, judge, lease_grant, lease_renewal
 from ..._values import Record
+from .._contract import prune_batches
 from . import guard, schema
 from . import statements as sql
 from .effects import EffectFlows
 from .errors import Deadlock, Retry
 from .outbox import PostgresOutboxFlows
 from .statements import FIXED
-from .steps import Answer, Pipeline, Query, read_only
+from .steps import Answer, Pipeline, Query, pruning, read_only
 
 __all__ = ["PostgresFlows"]
 
@@ -439,8 +440,7 @@ class PostgresFlows(EffectFlows, PostgresOutboxFlows):
         )
 
     def prune(self, older_than: float) -> Flow[int]:
-        done: Answer = yield Query(sql.PRUNE_APPLIED, {"age": older_than})
-        return done.rowcount
+        return prune_batches(pruning(sql.PRUNE_APPLIED, older_than))
 
     # -- reads for looking (``_contract``) -------------------------------------------------
     def applied(self, target: Target, key: str | int, limit: int) -> Flow[list[AppliedIntent]]:

@@ -28,8 +28,9 @@ from ..._outbox import (
     check_dead,
     outbox_row,
 )
-from .statements import NOW, quoted
-from .steps import Answer, Query, read_only
+from .._contract import prune_batches
+from .statements import NOW, prune_batch, quoted
+from .steps import Answer, Query, pruning, read_only
 
 __all__ = ["CHANNEL", "PostgresOutboxFlows", "wake_prefix"]
 
@@ -159,9 +160,7 @@ DROP: Final = (
     " SELECT named.id, named.dead, (SELECT count(*) FROM done) FROM named"
 )
 #: sent rows, and superseded ones (settled then: their ``sent_at`` is when)
-PRUNE: Final = (
-    f"DELETE FROM fencing_outbox WHERE sent_at IS NOT NULL AND sent_at < {NOW} - %(age)s::float8"
-)
+PRUNE: Final = prune_batch("fencing_outbox", "sent_at", "id", " sent_at IS NOT NULL AND")
 
 
 class PostgresOutboxFlows:
@@ -247,5 +246,4 @@ class PostgresOutboxFlows:
         return OutboxStats(int(count), age, float(now), int(dead), int(superseded))
 
     def outbox_prune(self, older_than: float) -> Flow[int]:
-        found = yield from read_only(Query(PRUNE, {"age": float(older_than)}))
-        return int(found.rowcount)
+        return prune_batches(pruning(PRUNE, older_than))

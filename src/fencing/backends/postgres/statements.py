@@ -137,7 +137,27 @@ DELETE: Final = (
     " UPDATE fencing_tombstones AS t SET version = greatest(t.version, gone.version)"
     " FROM gone WHERE t.collection = %(name)s AND t.key = %(key)s"
 )
-PRUNE_APPLIED: Final = f"DELETE FROM fencing_applied WHERE applied_at < {NOW} - %(age)s::float8"
+
+
+def prune_batch(table: str, column: str, row: str, where: str = "") -> str:
+    """One batch of a prune (``_contract.prune_batches``, ``steps.pruning``) of ``table``'s
+    rows whose time ``column`` is past the cutoff: the oldest, at most ``%(limit)s``, by
+    the index on ``column``, deleted by ``row`` (their primary key, or their ctid); it
+    answers how many and the last one's time. A batch starts at the time the one before
+    it ended (``%(after)s``): dead index entries a snapshot still holds (a long
+    transaction anywhere on the server) would otherwise be stepped over again by every
+    batch."""
+    return (
+        f"WITH gone AS (DELETE FROM {table} WHERE {row} = ANY(ARRAY(SELECT {row} FROM {table}"
+        f" WHERE{where} {column} >= %(after)s::float8 AND {column} < {NOW} - %(age)s::float8"
+        f" ORDER BY {column} LIMIT %(limit)s)) RETURNING {column})"
+        f" SELECT count(*), max({column}) FROM gone"
+    )
+
+
+# By their tuple ids (a TID scan): an applied id's row is only ever inserted and deleted,
+# never updated, so its ctid stays its own.
+PRUNE_APPLIED: Final = prune_batch("fencing_applied", "applied_at", "ctid")
 
 # -- reads for looking (``fencing inspect``, ``fencing stats``) ------------------------
 APPLIED_TO_KEY: Final = (

@@ -3,14 +3,14 @@ and what it gets back (an ``Answer``, or a list of them for a pipeline)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from ..._flow import Flow
 from .errors import Disconnected
 
-__all__ = ["Answer", "Pipeline", "Query", "Step", "answer", "has_rows", "read_only"]
+__all__ = ["Answer", "Pipeline", "Query", "Step", "answer", "has_rows", "pruning", "read_only"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +67,23 @@ def read_only(query: Query) -> Flow[Answer]:
     except Disconnected:
         result = yield query
     return result
+
+
+def pruning(text: str, older_than: float) -> Callable[[int], Flow[int]]:
+    """The batches of a prune (``_contract.prune_batches``) of ``text``
+    (``statements.prune_batch``): each a statement on its own (its own transaction),
+    starting where the one before it ended; how many rows each deleted. Safe to run
+    again: the rows it deleted are gone either way."""
+    age = float(older_than)
+    after = 0.0
+
+    def batch(limit: int) -> Flow[int]:
+        nonlocal after
+        params = {"after": after, "age": age, "limit": limit}
+        found = yield from read_only(Query(text, params))
+        count, last = found.rows[0]
+        if last is not None:
+            after = float(last)
+        return int(count)
+
+    return batch

@@ -86,7 +86,14 @@ class SQLiteBackend(FlowBackend):
         return conn
 
     def _run(self, step: Txn) -> Any:
-        """Carry out a step: ``step.body(conn, now)`` in its transaction."""
+        """Carry out a step: ``step.body(conn, now)`` in its transaction, then leave the
+        lock free for ``step.pause``."""
+        result = self._carry(step)
+        if step.pause:
+            time.sleep(step.pause)
+        return result
+
+    def _carry(self, step: Txn) -> Any:
         with self._lock:
             if not step.begin:
                 try:

@@ -26,12 +26,13 @@ from ..._request import (
     stats_scopes,
 )
 from ..._values import Record
+from .._contract import prune_batches
 from . import guard, schema
 from . import operations as op
 from . import statements as sql
 from .outbox import SQLiteOutboxFlows
 from .statements import Statements, quote
-from .steps import Txn, txn
+from .steps import Txn, pruning, txn
 
 __all__ = ["SQLiteFlows", "Txn", "txn"]
 
@@ -119,10 +120,7 @@ class SQLiteFlows(SQLiteOutboxFlows):
         return txn(body, write=False)
 
     def prune(self, older_than: float) -> Flow[int]:
-        def body(conn: sqlite3.Connection, now: float) -> int:
-            return conn.execute(sql.PRUNE_APPLIED, (now - older_than,)).rowcount
-
-        return txn(body)
+        return prune_batches(pruning(sql.PRUNE_APPLIED, older_than))
 
     # -- effects ------------------------------------------------------------------------
     def record_effect(self, row: NewEffect) -> Flow[Effect]:

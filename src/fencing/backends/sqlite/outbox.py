@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 from ..._flow import Flow
 from ..._outbox import (
@@ -20,7 +20,8 @@ from ..._outbox import (
     due_times,
     outbox_row,
 )
-from .steps import txn
+from .._contract import prune_batches
+from .steps import pruning, txn
 
 __all__ = ["SQLiteOutboxFlows"]
 
@@ -92,8 +93,16 @@ RETRY: Final = (
 )
 DROP: Final = f"DELETE FROM fencing_outbox WHERE {_ONE_OF}"
 #: sent rows, and superseded ones (settled then: their ``sent_at`` is when)
-PRUNE: Final = "DELETE FROM fencing_outbox WHERE sent_at IS NOT NULL AND sent_at < ?"
-PRUNE_CLAIMS: Final = "DELETE FROM fencing_outbox_claims WHERE claimed_at < ?"
+#: (a batch of a prune: the oldest, by the fencing_outbox_sent index, at most the limit)
+PRUNE: Final = (
+    "DELETE FROM fencing_outbox WHERE id IN (SELECT id FROM fencing_outbox"
+    " WHERE sent_at IS NOT NULL AND sent_at < ? ORDER BY sent_at LIMIT ?)"
+)
+#: old claims, in token order (the order they were made in: their claimed_at grows too)
+PRUNE_CLAIMS: Final = (
+    "DELETE FROM fencing_outbox_claims WHERE token IN (SELECT token FROM fencing_outbox_claims"
+    " WHERE claimed_at < ? ORDER BY token LIMIT ?)"
+)
 
 
 def _ids(ids: Sequence[int]) -> str:
@@ -184,9 +193,6 @@ class SQLiteOutboxFlows:
         return txn(body, write=False)
 
     def outbox_prune(self, older_than: float) -> Flow[int]:
-        def body(conn: sqlite3.Connection, now: float) -> int:
-            gone: Any = conn.execute(PRUNE, (now - older_than,)).rowcount
-            conn.execute(PRUNE_CLAIMS, (now - older_than,))
-            return int(gone)
-
-        return txn(body)
+        gone = yield from prune_batches(pruning(PRUNE, older_than))
+        yield from prune_batches(pruning(PRUNE_CLAIMS, older_than))
+        return gone

@@ -46,7 +46,12 @@ IS_APPLIED: Final = "SELECT 1 FROM fencing_applied WHERE scope = ? AND intent_id
 # commit writes nothing at all (its transaction ends with nothing to sync); the claim is
 # written only once the UPDATE has changed its row.
 UNAPPLIED: Final = " AND NOT EXISTS (" + IS_APPLIED + ")"
-PRUNE_APPLIED: Final = "DELETE FROM fencing_applied WHERE applied_at < ?"
+# One batch of a prune (``_contract.prune_batches``): the oldest ids, by the applied_at index,
+# at most the limit (fencing_applied has no rowid: by its primary key).
+PRUNE_APPLIED: Final = (
+    "DELETE FROM fencing_applied WHERE (scope, intent_id, key) IN (SELECT scope, intent_id, key"
+    " FROM fencing_applied WHERE applied_at < ? ORDER BY applied_at LIMIT ?)"
+)
 LEASE_LIVE: Final = (
     " AND EXISTS (SELECT 1 FROM fencing_leases WHERE name = ? AND token = ?"
     " AND owner IS NOT NULL AND expires_at > ?)"

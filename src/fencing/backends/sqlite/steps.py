@@ -5,13 +5,19 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from ..._flow import Flow
 
-__all__ = ["Txn", "txn"]
+__all__ = ["PRUNE_PAUSE", "Txn", "pruning", "txn"]
 
 T = TypeVar("T")
+
+#: A prune's pause between batches: the store's lock is not handed over in turn (a
+#: thread letting it go takes it straight back before a waiting one wakes), so each batch
+#: leaves it free this long (10^6 ids: 200 batches, 0.2 s in all; measured on a loaded
+#: 2-core machine, the commits meanwhile had a p50 of 0.27 ms instead of 5 ms).
+PRUNE_PAUSE: Final = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,11 +25,14 @@ class Txn:
     """A step: ``body(conn, now)`` in one transaction; ``now`` is the store's clock once
     it began (or, with ``begin=False``, when the body ran). ``write=False`` reads in a
     deferred transaction; ``begin=False`` runs a body of one statement, which needs no
-    transaction of its own."""
+    transaction of its own. ``pause``: seconds the store's driver leaves its lock free
+    after the transaction, before the flow goes on (a prune's batch: a commit waiting
+    for the lock takes it in between; a view on the caller's connection has no lock)."""
 
     body: Callable[[sqlite3.Connection, float], Any]
     write: bool = True
     begin: bool = True
+    pause: float = 0.0
 
 
 def txn(
@@ -32,3 +41,18 @@ def txn(
     """The flow of one ``Txn`` step: its body's result."""
     result: T = yield Txn(body, write, begin)
     return result
+
+
+def pruning(text: str, older_than: float) -> Callable[[int], Flow[int]]:
+    """One batch of a prune (``_contract.prune_batches``): the DELETE ``text`` of the
+    cutoff (``older_than`` seconds before the store's clock) and the limit, in a write
+    transaction of its own, then ``PRUNE_PAUSE``; how many rows it deleted."""
+
+    def batch(limit: int) -> Flow[int]:
+        def body(conn: sqlite3.Connection, now: float) -> int:
+            return int(conn.execute(text, (now - older_than, limit)).rowcount)
+
+        gone: int = yield Txn(body, pause=PRUNE_PAUSE)
+        return gone
+
+    return batch
