@@ -6,15 +6,17 @@ psycopg 3, ``concurrency`` installed, a model with ``IntegerVersionField``. The 
 waits for a round, times it itself (wall and its own ``time.process_time``) and answers,
 so its rounds alternate with the other sides' like theirs do.
 
-``IntegerVersionField`` writes time-based versions (microseconds since 2000, at least the
-old one + 1), not the +1 the other sides write: the side gets its own copy of the records,
-``contention_dj_records`` in the same schema. Its applied rows go to ``contention_applied``.
+``IntegerVersionField`` writes time-based versions (``time.time()`` in microseconds, less
+an offset; at least the old one + 1), not the +1 the other sides write: the side gets its
+own copy of the records, ``contention_dj_records`` in the same schema. Its applied rows go
+to ``contention_applied``.
 The job's decide and its timer come from ``_contention`` as arguments (picklable module
 functions), so this module does not import it back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 from collections.abc import Callable
 from typing import Any, Final
@@ -88,10 +90,8 @@ class DjangoSide:
         return float(wall), float(cpu)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # the process has gone already
             self.pipe.send(None)
-        except OSError:
-            pass  # the process has gone already
         self.proc.join(30)
         if self.proc.is_alive():
             self.proc.kill()
@@ -119,9 +119,10 @@ def _save(url: str, scratch: str, decide: Decide) -> Callable[[str], bool]:
     import os
 
     os.environ.pop("DJANGO_SETTINGS_MODULE", None)  # a pytest-django parent's
-    import django
     from django.conf import settings
     from psycopg.conninfo import conninfo_to_dict
+
+    import django
 
     from ._postgres import conninfo
 
@@ -141,7 +142,7 @@ def _save(url: str, scratch: str, decide: Decide) -> Callable[[str], bool]:
     from concurrency.fields import IntegerVersionField
     from django.db import models, transaction
 
-    class Row(models.Model):
+    class Row(models.Model):  # type: ignore[misc]
         key = models.TextField(primary_key=True)
         version = IntegerVersionField()
         state = models.JSONField()
@@ -150,7 +151,7 @@ def _save(url: str, scratch: str, decide: Decide) -> Callable[[str], bool]:
             app_label = "fencing_bench"
             db_table = f'"{scratch}"."{TABLE}"'  # quoted whole: Django keeps it as is
 
-    class Applied(models.Model):
+    class Applied(models.Model):  # type: ignore[misc]
         intent_id = models.TextField(primary_key=True)
         key = models.TextField()
 
