@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
-TEST_EXTRAS := dev,cli,postgres,psycopg2,mysql,redis,celery,rq,dramatiq,arq,sqlalchemy,alembic,prometheus,otel,django,drf,flask,fastapi,http-tests
+TEST_EXTRAS := dev,cli,postgres,psycopg2,mysql,redis,celery,rq,dramatiq,arq,sqlalchemy,alembic,prometheus,otel,django,drf,flask,fastapi,http-tests,bench
 
 .PHONY: demo test lint bench mutate clean
 

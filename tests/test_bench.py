@@ -316,11 +316,17 @@ def test_contention_quick(capsys: pytest.CaptureFixture[str], server: str) -> No
     single = {r["operation"] for r in rows if r["kind"] == "single"}
     if server == "postgresql":
         pytest.importorskip("sqlalchemy")
+        pytest.importorskip("concurrency")  # django-concurrency, the bench extra
         assert single == {
             "fencing apply + Recompute",
             "FOR UPDATE txn",
             "SQLAlchemy ORM version_id_col",
+            "django-concurrency save()",
         }
+        for row in rows:
+            if row["kind"] == "single":
+                for name in ("wall_us_per_op", "cpu_us_per_op"):
+                    assert math.isfinite(row[name]) and row[name] > 0, (name, row)
     else:
         assert not single
 

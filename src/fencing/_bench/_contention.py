@@ -12,7 +12,9 @@ outcome is not completed work), client CPU is the workers' ``time.process_time``
 (every thread's, or the sum over processes) per completed operation.
 
 One call at a time, the same job through SQLAlchemy's ORM with ``version_id_col``
-(load, modify, flush, commit; a ``StaleDataError`` is refused work, not completed).
+(load, modify, flush, commit; a ``StaleDataError`` is refused work, not completed) and
+through django-concurrency's ``save()`` (in a spawned process with its own Django
+settings; a ``RecordModifiedError`` is refused work).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ FENCING: Final = "fencing apply + Recompute"
 FOR_UPDATE: Final = "FOR UPDATE txn"
 LOCK: Final = "redis-py Lock"
 ORM: Final = "SQLAlchemy ORM version_id_col"
+DJANGO: Final = "django-concurrency save()"
 
 PG_TABLES: Final = (
     "CREATE TABLE {s}.contention_records (key TEXT PRIMARY KEY, version BIGINT NOT NULL,"
@@ -365,42 +368,73 @@ def orm_rows(url: str, seconds: float) -> list[dict[str, Any]]:
             FOR_UPDATE: make_op(spec, FOR_UPDATE, None),
             ORM: (orm_op, engine.dispose),
         }
-        out: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
         rounds = 3
-        for r in range(rounds):
-            names = list(sides) if r % 2 == 0 else list(reversed(sides))
-            for name in names:
-                op = sides[name][0]
-                cpu0, wall0 = time.process_time(), time.monotonic()
-                done, _ = _loop(op, keys, r, time.monotonic() + seconds / rounds)
-                wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
-                out[name].append((wall * 1e6 / max(done, 1), cpu * 1e6 / max(done, 1)))
-        for _, close in sides.values():
-            close()
-        rows = []
-        for name, samples in out.items():
+
+        def measure(op: Callable[[str], bool]) -> Callable[[int], tuple[float, float]]:
+            def one_round(r: int) -> tuple[float, float]:
+                return _timed(op, keys, r, seconds / rounds)
+
+            return one_round
+
+        measures = {name: measure(op) for name, (op, _) in sides.items()}
+        closers = [close for _, close in sides.values()]
+        rows: list[dict[str, Any]] = []
+        from ._djangoside import DjangoSide
+
+        try:
+            django = DjangoSide.start(
+                setup.url, setup.admin, setup.scratch, keys, seconds / rounds, _decide_state, _timed
+            )
+        except BaseException:
+            for close in closers:
+                close()
+            raise
+        if isinstance(django, DjangoSide):
+            measures[DJANGO] = django.round
+            closers.append(django.close)
+        else:
             rows.append(
                 {
-                    "kind": "single",
+                    "kind": "skipped",
                     "store": "postgresql",
-                    "setting": "one call at a time, 64 keys, 0 ms decide",
-                    "operation": name,
-                    "wall_us_per_op": statistics.median(s[0] for s in samples),
-                    "cpu_us_per_op": statistics.median(s[1] for s in samples),
+                    "setting": "contention",
+                    "operation": DJANGO,
+                    "reason": django,
                 }
             )
-        rows.append(
+        out: dict[str, list[tuple[float, float]]] = {name: [] for name in measures}
+        try:
+            for r in range(rounds):
+                names = list(measures) if r % 2 == 0 else list(reversed(measures))
+                for name in names:
+                    out[name].append(measures[name](r))
+        finally:
+            for close in closers:
+                close()
+        single = [
             {
-                "kind": "skipped",
+                "kind": "single",
                 "store": "postgresql",
-                "setting": "contention",
-                "operation": "django-concurrency save()",
-                "reason": "django-concurrency is not installed in this environment",
+                "setting": "one call at a time, 64 keys, 0 ms decide",
+                "operation": name,
+                "wall_us_per_op": statistics.median(s[0] for s in samples),
+                "cpu_us_per_op": statistics.median(s[1] for s in samples),
             }
-        )
-        return rows
+            for name, samples in out.items()
+        ]
+        return single + rows
     finally:
         setup.close()
+
+
+def _timed(
+    op: Callable[[str], bool], keys: tuple[str, ...], offset: int, seconds: float
+) -> tuple[float, float]:
+    """Call ``op`` for ``seconds``: wall and client CPU microseconds per completed call."""
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    done, _ = _loop(op, keys, offset, time.monotonic() + seconds)
+    wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+    return wall * 1e6 / max(done, 1), cpu * 1e6 / max(done, 1)
 
 
 def goodput_target(store: str, keys: int, decide_ms: float) -> float:
