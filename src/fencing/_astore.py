@@ -123,7 +123,8 @@ class _AsyncOps(TargetBase):
         self, intent: Intent, state: Mapping[str, Any], *, lease: AsyncLease | None = None
     ) -> Outcome:
         """One atomic conditional write of ``state`` for ``intent``."""
-        await self._ready()
+        if self._columns is None and self.target.kind == "table":
+            await self._ready()
         request = self._request(intent, state, lease)
         started = now_ns() if HUB.on else 0
         result = await self._backend.commit(request)
@@ -309,7 +310,8 @@ class AsyncStore:
     def _live(self) -> AsyncBackend:
         """The backend, for a call: refused after ``close()`` and, for an async store,
         from any event loop but the one that opened it."""
-        self._check_open()
+        if self._closed or (self._parent is not None and self._parent._closed):
+            self._check_open()  # (raises: one call fewer on every other call)
         if self._loop is not None and current_loop() is not self._loop:
             raise WrongEventLoop(
                 f"this async {self.backend.scheme} store belongs to the event loop that"

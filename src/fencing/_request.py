@@ -7,7 +7,7 @@ Below the policy and the backends, which both import it; it does no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ._errors import SchemaError
@@ -74,11 +74,13 @@ class Target:
     #: ``guard_table`` only: what the guard trigger does with an UPDATE that leaves the
     #: version unchanged, ``"bump"`` it or refuse it (``"strict"``; docs/guard.md).
     guard_mode: str = "bump"
+    #: The namespace of applied intents and fences: ``c:name`` or ``t:name`` (made once:
+    #: every commit names it).
+    scope: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def scope(self) -> str:
-        """The namespace of applied intents and fences: ``c:name`` or ``t:name``."""
-        return ("c:" if self.kind == "collection" else "t:") + self.name
+    def __post_init__(self) -> None:
+        scope = ("c:" if self.kind == "collection" else "t:") + self.name
+        object.__setattr__(self, "scope", scope)
 
 
 @dataclass(frozen=True, slots=True, init=False)

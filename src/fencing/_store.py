@@ -122,7 +122,8 @@ class _Ops(TargetBase):
         self, intent: Intent, state: Mapping[str, Any], *, lease: Lease | None = None
     ) -> Outcome:
         """One atomic conditional write of ``state`` for ``intent``."""
-        self._ready()
+        if self._columns is None and self.target.kind == "table":
+            self._ready()
         request = self._request(intent, state, lease)
         started = now_ns() if HUB.on else 0
         result = self._backend.commit(request)
@@ -308,7 +309,8 @@ class Store:
     def _live(self) -> Backend:
         """The backend, for a call: refused after ``close()`` and, for an async store,
         from any event loop but the one that opened it."""
-        self._check_open()
+        if self._closed or (self._parent is not None and self._parent._closed):
+            self._check_open()  # (raises: one call fewer on every other call)
         if self._loop is not None and no_loop() is not self._loop:
             raise WrongEventLoop(
                 f"this async {self.backend.scheme} store belongs to the event loop that"
