@@ -68,6 +68,9 @@ logger = logging.getLogger("fencing.lease")
 #: accept a coroutine function).
 Decision = Callable[[Record], Any]
 
+#: ``apply``'s policy when none is given (a value: one serves every call).
+_DROP = Drop()
+
 
 class _AsyncOps(TargetBase):
     _store: AsyncStore
@@ -189,7 +192,7 @@ class _AsyncOps(TargetBase):
         ``decide`` runs outside any transaction or lock of the store and returns a
         new state, or ``fencing.SKIP``.
         """
-        policy = check_policy(on_stale if on_stale is not None else Drop())
+        policy = _DROP if on_stale is None else check_policy(on_stale)
         await self._ready()
         probe = self._probe_request(intent, lease)
         started = now_ns() if HUB.on else 0

@@ -67,6 +67,9 @@ logger = logging.getLogger("fencing.lease")
 #: accept a coroutine function).
 Decision = Callable[[Record], Any]
 
+#: ``apply``'s policy when none is given (a value: one serves every call).
+_DROP = Drop()
+
 
 class _Ops(TargetBase):
     _store: Store
@@ -188,7 +191,7 @@ class _Ops(TargetBase):
         ``decide`` runs outside any transaction or lock of the store and returns a
         new state, or ``fencing.SKIP``.
         """
-        policy = check_policy(on_stale if on_stale is not None else Drop())
+        policy = _DROP if on_stale is None else check_policy(on_stale)
         self._ready()
         probe = self._probe_request(intent, lease)
         started = now_ns() if HUB.on else 0

@@ -195,7 +195,8 @@ class TargetBase:
             return None
         if not isinstance(lease, LeaseBase):
             raise InvalidInput(f"lease must be a Lease from this store, not {type(lease).__name__}")
-        if _root(lease.store) is not _root(self._store):
+        store = lease.store
+        if store is not self._store and _root(store) is not _root(self._store):
             raise InvalidInput("lease was acquired from another store")
         return lease.ref
 
@@ -409,6 +410,7 @@ class LeaseBase:
 
     __slots__ = (
         "_lost_reason",
+        "_ref",
         "expires_at",
         "lost",
         "name",
@@ -430,6 +432,7 @@ class LeaseBase:
         self.lost = False
         self.released = False
         self._lost_reason: str | None = None
+        self._ref: LeaseRef | None = None
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self.released else "held"
@@ -439,7 +442,11 @@ class LeaseBase:
 
     @property
     def ref(self) -> LeaseRef:
-        return LeaseRef(self.name, self.token)
+        """The lease a commit under it names (made again once the token changes)."""
+        ref = self._ref
+        if ref is None or ref.token != self.token or ref.name != self.name:
+            ref = self._ref = LeaseRef(self.name, self.token)
+        return ref
 
     @property
     def lost_reason(self) -> str | None:
