@@ -34,6 +34,7 @@ __all__ = [
     "SkipType",
     "Skipped",
     "Stale",
+    "slot_setters",
 ]
 
 Kind = Literal["collection", "table"]
