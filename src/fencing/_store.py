@@ -167,8 +167,10 @@ class _Ops(TargetBase):
         results = self._backend.commit_many(requests) if requests else []
         pairs = zip(results, requests, strict=True)
         outcomes = [self._outcome(res, req.intent, lease) for res, req in pairs]
+        # whether to report a refused and a committed outcome: asked once per batch
+        report = [HUB.on or log.isEnabledFor(level) for level in LEVEL]
         for o in outcomes:
-            if HUB.on or log.isEnabledFor(LEVEL[o.committed]):
+            if report[o.committed]:
                 self._report("commit_many", o, started, lease)
         if self._hooks:
             for o in outcomes:
