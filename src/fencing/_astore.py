@@ -68,6 +68,9 @@ logger = logging.getLogger("fencing.lease")
 #: accept a coroutine function).
 Decision = Callable[[Record], Any]
 
+#: ``apply``'s policy when none is given (a value: one serves every call).
+_DROP = Drop()
+
 
 class _AsyncOps(TargetBase):
     _store: AsyncStore
@@ -123,7 +126,8 @@ class _AsyncOps(TargetBase):
         self, intent: Intent, state: Mapping[str, Any], *, lease: AsyncLease | None = None
     ) -> Outcome:
         """One atomic conditional write of ``state`` for ``intent``."""
-        await self._ready()
+        if self._columns is None and self.target.kind == "table":
+            await self._ready()
         request = self._request(intent, state, lease)
         started = now_ns() if HUB.on else 0
         result = await self._backend.commit(request)
@@ -164,8 +168,10 @@ class _AsyncOps(TargetBase):
         results = await self._backend.commit_many(requests) if requests else []
         pairs = zip(results, requests, strict=True)
         outcomes = [self._outcome(res, req.intent, lease) for res, req in pairs]
+        # whether to report a refused and a committed outcome: asked once per batch
+        report = [HUB.on or log.isEnabledFor(level) for level in LEVEL]
         for o in outcomes:
-            if HUB.on or log.isEnabledFor(LEVEL[o.committed]):
+            if report[o.committed]:
                 self._report("commit_many", o, started, lease)
         if self._hooks:
             for o in outcomes:
@@ -188,7 +194,7 @@ class _AsyncOps(TargetBase):
         ``decide`` runs outside any transaction or lock of the store and returns a
         new state, or ``fencing.SKIP``.
         """
-        policy = check_policy(on_stale if on_stale is not None else Drop())
+        policy = _DROP if on_stale is None else check_policy(on_stale)
         await self._ready()
         probe = self._probe_request(intent, lease)
         started = now_ns() if HUB.on else 0
@@ -309,7 +315,8 @@ class AsyncStore:
     def _live(self) -> AsyncBackend:
         """The backend, for a call: refused after ``close()`` and, for an async store,
         from any event loop but the one that opened it."""
-        self._check_open()
+        if self._closed or (self._parent is not None and self._parent._closed):
+            self._check_open()  # (raises: one call fewer on every other call)
         if self._loop is not None and current_loop() is not self._loop:
             raise WrongEventLoop(
                 f"this async {self.backend.scheme} store belongs to the event loop that"

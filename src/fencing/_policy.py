@@ -208,7 +208,10 @@ def apply_flow(
             result = yield CommitStep(current, state)
             continue
         if result.status is not Status.STALE or result.record is None:
-            return (yield from settle_flow(outcome_for(result, current), result.unsettled))
+            outcome = outcome_for(result, current)
+            if outcome.committed:  # nothing to settle
+                return outcome
+            return (yield from settle_flow(outcome, result.unsettled))
         record = result.record
         pending = None
         if isinstance(policy, Recompute):

@@ -7,7 +7,7 @@ Below the policy and the backends, which both import it; it does no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ._errors import SchemaError
@@ -24,6 +24,7 @@ from ._values import (
     Outcome,
     Record,
     Stale,
+    slot_setters,
 )
 
 __all__ = [
@@ -73,14 +74,16 @@ class Target:
     #: ``guard_table`` only: what the guard trigger does with an UPDATE that leaves the
     #: version unchanged, ``"bump"`` it or refuse it (``"strict"``; docs/guard.md).
     guard_mode: str = "bump"
+    #: The namespace of applied intents and fences: ``c:name`` or ``t:name`` (made once:
+    #: every commit names it).
+    scope: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def scope(self) -> str:
-        """The namespace of applied intents and fences: ``c:name`` or ``t:name``."""
-        return ("c:" if self.kind == "collection" else "t:") + self.name
+    def __post_init__(self) -> None:
+        scope = ("c:" if self.kind == "collection" else "t:") + self.name
+        object.__setattr__(self, "scope", scope)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class CommitRequest:
     """One conditional write: apply ``state`` if ``intent`` still holds (and ``lease``).
 
@@ -103,13 +106,30 @@ class CommitRequest:
     lease: LeaseRef | None = None
     sql_values: tuple[tuple[str, str], ...] = ()
 
+    def __init__(
+        self,
+        target: Target,
+        intent: Intent,
+        state: Mapping[str, Any],
+        json_text: str | None,
+        lease: LeaseRef | None = None,
+        sql_values: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        # the dataclass's own, without its per-field lookups: one is made per commit
+        _request_target(self, target)
+        _request_intent(self, intent)
+        _request_state(self, state)
+        _request_json_text(self, json_text)
+        _request_lease(self, lease)
+        _request_sql_values(self, sql_values)
+
     @property
     def state_json(self) -> str:
         """The canonical JSON of ``state`` (made once, on first use, for a table)."""
         text = self.json_text
         if text is None:
             text = compact_json(dict(self.state))
-            object.__setattr__(self, "json_text", text)
+            _request_json_text(self, text)
         return text
 
     @property
@@ -121,6 +141,16 @@ class CommitRequest:
         intent is applied at most once, however it is redelivered or recomputed.
         """
         return self.intent.root_id
+
+
+(
+    _request_target,
+    _request_intent,
+    _request_state,
+    _request_json_text,
+    _request_lease,
+    _request_sql_values,
+) = slot_setters(CommitRequest)
 
 
 class CommitResult(NamedTuple):

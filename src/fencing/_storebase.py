@@ -174,16 +174,19 @@ class TargetBase:
     def _check_intent(self, intent: object) -> Intent:
         if not isinstance(intent, Intent):
             raise InvalidIntent(f"expected an Intent, got {type(intent).__name__}")
-        if intent.collection != self.name or intent.kind != self.kind:
+        target = self.target
+        kind = target.kind
+        if intent.collection != self.name or intent.kind != kind:
             raise InvalidIntent(
                 f"intent for {intent.kind} {intent.collection!r} cannot commit to"
-                f" {self.kind} {self.name!r}"
+                f" {kind} {self.name!r}"
             )
-        if self.kind == "collection" and not isinstance(intent.key, str):
+        if kind == "collection" and not isinstance(intent.key, str):
             raise InvalidIntent("a collection intent's key must be a string")
-        if self.target.version_column is None and intent.expected_version is not None:
-            raise InvalidIntent(f"table {self.name!r} has no version column to expect")
-        if self.target.version_column is not None and intent.expected_version is None:
+        if target.version_column is None:
+            if intent.expected_version is not None:
+                raise InvalidIntent(f"table {self.name!r} has no version column to expect")
+        elif intent.expected_version is None:
             raise InvalidIntent(f"an intent for {self.name!r} must carry an expected_version")
         return intent
 
@@ -192,7 +195,8 @@ class TargetBase:
             return None
         if not isinstance(lease, LeaseBase):
             raise InvalidInput(f"lease must be a Lease from this store, not {type(lease).__name__}")
-        if _root(lease.store) is not _root(self._store):
+        store = lease.store
+        if store is not self._store and _root(store) is not _root(self._store):
             raise InvalidInput("lease was acquired from another store")
         return lease.ref
 
@@ -289,19 +293,21 @@ class TargetBase:
     def _request(self, intent: object, state: object, lease: object) -> CommitRequest:
         checked = self._check_intent(intent)
         ref = None if lease is None else self._lease_ref(lease)
-        if self.target.kind == "table":
+        target = self.target
+        if target.kind == "table":
             if self._updates is not None and isinstance(state, Mapping):
                 return self._updated(checked, state, self._updates, ref)
             # flat column values, checked in full here; their JSON only if a backend asks
             if type(state) is dict:
                 state = bind_mapped(self._binders, state)
-                return CommitRequest(self.target, checked, self._check_columns(state), None, ref)
+                return CommitRequest(target, checked, self._check_columns(state), None, ref)
             if isinstance(state, Mapping):
                 flat = self._check_columns(dict(bind_mapped(self._binders, state)))
-                return CommitRequest(self.target, checked, flat, None, ref)
-        text = self._state_json(state)
-        assert isinstance(state, Mapping)
-        return CommitRequest(self.target, checked, state, text, ref)
+                return CommitRequest(target, checked, flat, None, ref)
+            self._state_json(state)  # not a mapping: refused, as a collection's state is
+        text = dump_state(state, self._options.max_state_bytes)
+        # dump_state took it: a dict, or another Mapping
+        return CommitRequest(target, checked, state, text, ref)  # type: ignore[arg-type]
 
     def _updated(
         self, intent: Intent, state: Mapping[str, Any], updates: Updates, ref: LeaseRef | None
@@ -404,6 +410,7 @@ class LeaseBase:
 
     __slots__ = (
         "_lost_reason",
+        "_ref",
         "expires_at",
         "lost",
         "name",
@@ -425,6 +432,7 @@ class LeaseBase:
         self.lost = False
         self.released = False
         self._lost_reason: str | None = None
+        self._ref: LeaseRef | None = None
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self.released else "held"
@@ -434,7 +442,11 @@ class LeaseBase:
 
     @property
     def ref(self) -> LeaseRef:
-        return LeaseRef(self.name, self.token)
+        """The lease a commit under it names (made again once the token changes)."""
+        ref = self._ref
+        if ref is None or ref.token != self.token or ref.name != self.name:
+            ref = self._ref = LeaseRef(self.name, self.token)
+        return ref
 
     @property
     def lost_reason(self) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import json.encoder as json_encoder
 import math
 import re
 from collections.abc import Mapping
@@ -156,9 +157,38 @@ _ENCODER = json.JSONEncoder(
     separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_reject
 )
 
+#: ``_ENCODER``'s C encoder, made once and without circular-reference markers, so that
+#: it holds no state between calls (``JSONEncoder.encode`` makes one per call, with a
+#: fresh markers dict). A cycle then ends in ``RecursionError``: every failure is
+#: encoded again by ``_ENCODER`` (``_checked_json``), whose error is the one raised.
+#: None where ``json`` has no C accelerator.
+_C_MAKE_ENCODER: Any = getattr(json_encoder, "c_make_encoder", None)
+_FAST_ENCODE: Any = (
+    None
+    if _C_MAKE_ENCODER is None
+    else _C_MAKE_ENCODER(
+        None,  # markers: no circular check (see above)
+        _reject,
+        json_encoder.encode_basestring,  # ensure_ascii=False
+        None,  # indent
+        ":",
+        ",",
+        False,  # sort_keys
+        False,  # skipkeys
+        False,  # allow_nan
+    )
+)
 
-#: JSON text of an already validated value (``dump_state``'s encoding, without its checks).
-compact_json = _ENCODER.encode
+
+def compact_json(value: object) -> str:
+    """JSON text of an already validated value (``dump_state``'s encoding, without its
+    checks)."""
+    if _FAST_ENCODE is not None:
+        try:
+            return "".join(_FAST_ENCODE(value, 0))
+        except Exception:  # encoded again below, for its own error
+            pass
+    return _ENCODER.encode(value)
 
 
 def dump_state(state: object, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> str:
@@ -167,6 +197,34 @@ def dump_state(state: object, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> str:
     A state is a JSON object with string keys whose values are JSON values
     (no NaN or infinity, no tuples or sets or bytes).
     """
+    if type(state) is not dict or _FAST_ENCODE is None:
+        return _dump_checked(state, max_bytes)
+    # A plain dict (a state as a caller builds it): one pass over its items checks the
+    # keys and finds the nested values; the C encoder made once encodes it. Any failure
+    # is judged by ``_dump_checked``, which raises what it always raised.
+    nested = None
+    for key, value in state.items():
+        if type(key) is not str:
+            return _dump_checked(state, max_bytes)
+        if type(value) in _SCALARS:
+            continue
+        if nested is None:
+            nested = [value]
+        else:
+            nested.append(value)
+    try:
+        text = "".join(_FAST_ENCODE(state, 0))
+    except Exception:  # judged again by the checked path
+        return _dump_checked(state, max_bytes)
+    if nested is not None:
+        _check_nested(nested)
+    if text.isascii() and len(text) <= max_bytes:
+        return text
+    return _checked_size(text, max_bytes)
+
+
+def _dump_checked(state: object, max_bytes: int) -> str:
+    """``dump_state`` for any input: every check in turn, each with its own error."""
     if not isinstance(state, dict):
         if not isinstance(state, Mapping):
             raise InvalidState(f"state must be a JSON object (a dict), not {type(state).__name__}")
@@ -174,8 +232,14 @@ def dump_state(state: object, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> str:
     for key in state:
         if not isinstance(key, str):
             raise InvalidState(f"state keys must be strings, not {key!r}")
+    text = _checked_json(state)
+    _check_nested_keys(state)
+    return _checked_size(text, max_bytes)
+
+
+def _checked_json(state: dict[str, Any]) -> str:
     try:
-        text = _ENCODER.encode(state)
+        return _ENCODER.encode(state)
     except InvalidState as exc:
         where = _non_json_field(state)
         if where is None:
@@ -189,7 +253,9 @@ def dump_state(state: object, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> str:
         raise InvalidState(f"state is not JSON: {exc}") from exc
     except RecursionError:
         raise InvalidState("state is nested too deeply") from None
-    _check_nested_keys(state)
+
+
+def _checked_size(text: str, max_bytes: int) -> str:
     if text.isascii():
         size = len(text)
     else:
@@ -202,15 +268,25 @@ def dump_state(state: object, max_bytes: int = DEFAULT_MAX_STATE_BYTES) -> str:
     return text
 
 
+#: The types of JSON's scalar values, exactly (a subclass is looked at as a container).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 _CONTAINERS = (dict, list, tuple)
 
 
 def _check_nested_keys(state: Mapping[str, Any]) -> None:
-    # json would turn a nested 1, None or True key into "1", "null", "true" silently.
-    # Runs after encoding succeeded, so the structure is known to be acyclic.
-    # A tuple is refused: JSON would store it as a list, while the caller's Committed
-    # record would still hold the tuple, so the two would disagree.
-    stack = [v for v in state.values() if isinstance(v, _CONTAINERS)]
+    _check_nested([v for v in state.values() if isinstance(v, _CONTAINERS)])
+
+
+def _check_nested(values: list[Any]) -> None:
+    """Check the values nested in a state (its values that are not JSON scalars).
+
+    json would turn a nested 1, None or True key into "1", "null", "true" silently.
+    Runs after encoding succeeded, so the structure is known to be acyclic.
+    A tuple is refused: JSON would store it as a list, while the caller's Committed
+    record would still hold the tuple, so the two would disagree."""
+    stack = [v for v in values if isinstance(v, _CONTAINERS)]
     while stack:
         value = stack.pop()
         if isinstance(value, tuple):

@@ -9,7 +9,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Final, Literal, NoReturn
@@ -34,6 +34,7 @@ __all__ = [
     "SkipType",
     "Skipped",
     "Stale",
+    "slot_setters",
 ]
 
 Kind = Literal["collection", "table"]
@@ -104,7 +105,12 @@ class FrozenState(dict[str, Any]):
         return FrozenState(copy.deepcopy(dict(self), memo))
 
 
-_set = object.__setattr__
+def slot_setters(cls: type) -> tuple[Callable[[Any, Any], None], ...]:
+    """The ``__set__`` of each of a slotted class's slots, in ``__slots__`` order: what a
+    frozen dataclass's ``__init__`` does (``object.__setattr__(self, name, value)``)
+    without looking the name up on every call. For the values made once per commit,
+    whose ``__init__`` is written out (``init=False``) with these."""
+    return tuple(cls.__dict__[name].__set__ for name in cls.__dict__["__slots__"])
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -133,12 +139,12 @@ class Record:
     ) -> None:
         # What the dataclass would generate, without its per-field lookups: one
         # Record is made per commit.
-        _set(self, "collection", collection)
-        _set(self, "key", key)
-        _set(self, "version", version)
-        _set(self, "fence", fence)
-        _set(self, "state", state if type(state) is FrozenState else FrozenState(state))
-        _set(self, "kind", kind)
+        _record_collection(self, collection)
+        _record_key(self, key)
+        _record_version(self, version)
+        _record_fence(self, fence)
+        _record_state(self, state if type(state) is FrozenState else FrozenState(state))
+        _record_kind(self, kind)
 
     def __hash__(self) -> int:
         # The state is a read-only mapping (not hashable): hash what names the record's
@@ -160,6 +166,16 @@ class Record:
             "fence": self.fence,
             "state": dict(self.state),
         }
+
+
+(
+    _record_collection,
+    _record_key,
+    _record_version,
+    _record_fence,
+    _record_state,
+    _record_kind,
+) = slot_setters(Record)
 
 
 def new_intent_id() -> str:
@@ -399,7 +415,7 @@ class OutcomeBase:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Committed(OutcomeBase):
     """Applied: ``record`` is the record at its new version."""
 
@@ -409,9 +425,17 @@ class Committed(OutcomeBase):
     kind: ClassVar[str] = "committed"
     __match_args__ = ("record",)
 
+    def __init__(self, record: Record, intent: Intent | None = None) -> None:
+        # the dataclass's own, without its per-field lookups: one is made per commit
+        _committed_record(self, record)
+        _committed_intent(self, intent)
+
     @property
     def current(self) -> Record:
         return self.record
+
+
+_committed_record, _committed_intent = slot_setters(Committed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,10 +14,12 @@ import threading
 import time
 import urllib.parse
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from ..._borrow import Borrowed
 from ..._errors import ConfigurationError, StoreNotMigrated
+from ..._request import CommitRequest, CommitResult
 from .._base import FlowBackend
 from .bound import SQLiteBoundBackend, bind
 from .errors import translate
@@ -33,6 +35,7 @@ class SQLiteBackend(FlowBackend):
     """The sync SQLite backend (the async store runs it in a worker thread)."""
 
     scheme = "sqlite"
+    flows: SQLiteFlows
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -84,6 +87,20 @@ class SQLiteBackend(FlowBackend):
         if conn is None:
             conn = self._conn = self._connect()
         return conn
+
+    # A commit, a batch and a probe are each one step: run it, without driving its flow
+    # (``flows.commit`` is that step, yielded; a store's view drives the flow).
+    def commit(self, request: CommitRequest) -> CommitResult:
+        result: CommitResult = self._run(self.flows.commit_step(request))
+        return result
+
+    def commit_many(self, requests: Sequence[CommitRequest]) -> list[CommitResult]:
+        results: list[CommitResult] = self._run(self.flows.commit_many_step(requests))
+        return results
+
+    def probe(self, request: CommitRequest) -> CommitResult:
+        result: CommitResult = self._run(self.flows.probe_step(request))
+        return result
 
     def _run(self, step: Txn) -> Any:
         """Carry out a step: ``step.body(conn, now)`` in its transaction, then leave the

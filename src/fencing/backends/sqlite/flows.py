@@ -32,7 +32,7 @@ from . import operations as op
 from . import statements as sql
 from .outbox import SQLiteOutboxFlows
 from .statements import Statements, quote
-from .steps import Txn, pruning, txn
+from .steps import Txn, one, pruning, txn
 
 __all__ = ["SQLiteFlows", "Txn", "txn"]
 
@@ -76,15 +76,17 @@ class SQLiteFlows(SQLiteOutboxFlows):
         return txn(lambda conn, now: op.read(conn, target, key), write=False)
 
     def probe(self, request: CommitRequest) -> Flow[CommitResult]:
+        return one(self.probe_step(request))
+
+    def probe_step(self, request: CommitRequest) -> Txn:
+        """``probe``'s one step (the driver runs it without driving the flow)."""
         if request.lease is not None or (
             request.target.kind == "table" and request.intent.guard is not None
         ):
             # fenced, or a table guard SQLite compares: judged in one read transaction
-            return (yield from txn(lambda conn, now: op.judged(conn, request, now), write=False))
+            return Txn(lambda conn, now: op.judged(conn, request, now), write=False)
         statements = self.statements
-        return (
-            yield from txn(lambda conn, now: op.probed(conn, statements, request, now), begin=False)
-        )
+        return Txn(lambda conn, now: op.probed(conn, statements, request, now), begin=False)
 
     def create(self, target: Target, key: str | int, state_json: str) -> Flow[Record]:
         return txn(lambda conn, now: op.create(conn, target, key, state_json, now))
@@ -93,16 +95,24 @@ class SQLiteFlows(SQLiteOutboxFlows):
         return txn(lambda conn, now: op.delete(conn, target, key))
 
     def commit(self, request: CommitRequest) -> Flow[CommitResult]:
+        return one(self.commit_step(request))
+
+    def commit_step(self, request: CommitRequest) -> Txn:
+        """``commit``'s one step (the driver runs it without driving the flow)."""
         statements = self.statements
-        return txn(lambda conn, now: op.commit(conn, statements, request, now))
+        return Txn(lambda conn, now: op.commit(conn, statements, request, now))
 
     def commit_many(self, requests: Sequence[CommitRequest]) -> Flow[list[CommitResult]]:
+        return one(self.commit_many_step(requests))
+
+    def commit_many_step(self, requests: Sequence[CommitRequest]) -> Txn:
+        """``commit_many``'s one step (the driver runs it without driving the flow)."""
         statements = self.statements
 
         def body(conn: sqlite3.Connection, now: float) -> list[CommitResult]:
             return [op.commit(conn, statements, r, now) for r in requests]
 
-        return txn(body)
+        return Txn(body)
 
     def acquire(self, name: str, owner: str, ttl: float) -> Flow[LeaseAnswer]:
         return txn(lambda conn, now: op.acquire(conn, name, owner, ttl, now))

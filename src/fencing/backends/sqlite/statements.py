@@ -218,15 +218,35 @@ class Statements:
 def update_params(request: CommitRequest, now: float) -> list[Any]:
     """The parameters of ``Statements.update(request)``, in order."""
     target, intent, lease = request.target, request.intent, request.lease
-    if target.kind == "collection":
-        params: list[Any] = [request.state_json, now]
-        if lease is not None:
-            params.append(lease.token)
-        params += [target.name, intent.key, intent.expected_version]
-        if lease is not None:
-            params += [lease.token, lease.name, lease.token, now]
-        params += [target.scope, request.claim_id, intent.key]
-        return params
+    if target.kind == "collection":  # (one list each: a commit makes one)
+        key = intent.key
+        if lease is None:
+            return [
+                request.state_json,
+                now,
+                target.name,
+                key,
+                intent.expected_version,
+                target.scope,
+                request.claim_id,
+                key,
+            ]
+        token = lease.token
+        return [
+            request.state_json,
+            now,
+            token,
+            target.name,
+            key,
+            intent.expected_version,
+            token,
+            lease.name,
+            token,
+            now,
+            target.scope,
+            request.claim_id,
+            key,
+        ]
     params = bound(request.state.values())
     params.append(intent.key)
     if target.version_column and intent.expected_version is not None:

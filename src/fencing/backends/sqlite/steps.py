@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from ..._flow import Flow
+from ..._values import slot_setters
 
-__all__ = ["PRUNE_PAUSE", "Txn", "pruning", "txn"]
+__all__ = ["PRUNE_PAUSE", "Txn", "one", "pruning", "txn"]
 
 T = TypeVar("T")
 
@@ -20,7 +21,7 @@ T = TypeVar("T")
 PRUNE_PAUSE: Final = 0.001
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Txn:
     """A step: ``body(conn, now)`` in one transaction; ``now`` is the store's clock once
     it began (or, with ``begin=False``, when the body ran). ``write=False`` reads in a
@@ -33,6 +34,22 @@ class Txn:
     write: bool = True
     begin: bool = True
     pause: float = 0.0
+
+    def __init__(
+        self,
+        body: Callable[[sqlite3.Connection, float], Any],
+        write: bool = True,
+        begin: bool = True,
+        pause: float = 0.0,
+    ) -> None:
+        # the dataclass's own, without its per-field lookups: one is made per commit
+        _txn_body(self, body)
+        _txn_write(self, write)
+        _txn_begin(self, begin)
+        _txn_pause(self, pause)
+
+
+_txn_body, _txn_write, _txn_begin, _txn_pause = slot_setters(Txn)
 
 
 def txn(
@@ -56,3 +73,9 @@ def pruning(text: str, older_than: float) -> Callable[[int], Flow[int]]:
         return gone
 
     return batch
+
+
+def one(step: Txn) -> Flow[Any]:
+    """The flow of one step made beforehand: its body's result."""
+    result = yield step
+    return result
