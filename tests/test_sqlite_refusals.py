@@ -175,3 +175,29 @@ def test_a_stale_refusal_still_settles_its_recorded_effects(
     assert isinstance(jobs.commit(old, {"n": 2}), Stale)
     assert not watcher.written()  # settled already: nothing more to write
     assert jobs.effects(old) == [effect]
+
+
+def test_settling_an_intent_without_effects_needs_no_write_lock(path: Path) -> None:
+    """The settle after a refusal first reads, outside any transaction: another
+    connection's write lock does not hold it up (a ``BEGIN IMMEDIATE`` to read would wait
+    for the lock, here ``busy_timeout`` 0.2 s, and then fail)."""
+    with fencing.open(f"sqlite:///{path}?busy_timeout=0.2") as store:
+        jobs = store.collection("jobs")
+        jobs.create("j-1", {"n": 0})
+        intent = jobs.intent("j-1", "late")
+        settled = store.collection("other")
+        settled.create("o-1", {"n": 0})
+        done = settled.intent("o-1", "mailed")
+        settled.effect(done, "mail")
+        settled.commit(settled.intent("o-1", "first"), {"n": 1})
+        assert isinstance(settled.commit(done, {"n": 2}), Stale)  # its effect settled
+        holder = sqlite3.connect(path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            backend = store._live()  # the settle step alone
+            assert backend.settle_effects(jobs.target.scope, intent.id, "stale") == []
+            (effect,) = backend.settle_effects(settled.target.scope, done.id, "stale")
+            assert effect.outcome == "stale"  # settled already: read, not written
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()

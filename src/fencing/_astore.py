@@ -146,7 +146,7 @@ class _AsyncOps(TargetBase):
             for hook in tuple(self._hooks):
                 await maybe_await(hook(outcome, self._store._via))
 
-    async def _settled(self, outcome: Outcome, unsettled: bool = True) -> Outcome:
+    async def _settled(self, outcome: Outcome, unsettled: bool) -> Outcome:
         """Settle the intent's effects if ``outcome`` ended it uncommitted (and the store
         did not answer, with it, that there are none: ``unsettled``)."""
         return await adrive(settle_flow(outcome, unsettled), self._settle)

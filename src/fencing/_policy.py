@@ -229,7 +229,7 @@ def apply_flow(
         return (yield from settle_flow(Stale(record, current), result.unsettled))
 
 
-def settle_flow(outcome: Outcome, unsettled: bool = True) -> Flow[Outcome]:
+def settle_flow(outcome: Outcome, unsettled: bool) -> Flow[Outcome]:
     """Settle the intent's effects if ``outcome`` ended it uncommitted; return ``outcome``.
     ``unsettled=False``: the store answered, with the refusal, that the intent has no
     effect left to settle (``CommitResult.unsettled``): nothing to ask it."""

@@ -145,7 +145,7 @@ class _Ops(TargetBase):
             for hook in tuple(self._hooks):
                 passthrough(hook(outcome, self._store._via))
 
-    def _settled(self, outcome: Outcome, unsettled: bool = True) -> Outcome:
+    def _settled(self, outcome: Outcome, unsettled: bool) -> Outcome:
         """Settle the intent's effects if ``outcome`` ended it uncommitted (and the store
         did not answer, with it, that there are none: ``unsettled``)."""
         return drive(settle_flow(outcome, unsettled), self._settle)

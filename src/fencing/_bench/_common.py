@@ -16,7 +16,7 @@ import fencing
 
 from .._values import Intent, Kind, Outcome, Record, new_intent_id
 from . import _answer, _worktx
-from ._harness import BenchFailed, Block, Contest, Side, Skip
+from ._harness import MANY_TARGET, SINGLE_TARGET, BenchFailed, Block, Contest, Side, Skip
 from ._worktx import _paramstyle
 
 __all__ = [
@@ -48,11 +48,6 @@ NO_ROW: Final = ", no row back"
 #: The state every benchmark record starts with.
 START: Final[Mapping[str, Any]] = {"status": "new", "n": 0}
 #: Seconds a benchmark lease is held for (each is released long before).
-#: Issue 21's targets: fencing's time per operation over the same-answer baseline's.
-SINGLE_TARGET: Final = 1.10  # single commits, apply, fenced commits, leases
-NORMAL_TARGET: Final = 1.25  # the same on SQLite at synchronous=NORMAL (a ~40 us commit)
-MANY_TARGET: Final = 1.15  # commit_many beside the store's hand-written batch
-
 LEASE_TTL: Final = 60.0
 FENCED_TTL: Final = 3600.0
 #: The ``using`` contest's operation.
@@ -291,9 +286,7 @@ class Bench:
 
     store_name: str = ""
     setting: str = ""
-    #: Issue 21's targets (the most fencing/same-answer time ratio allowed): every single
-    #: commit, ``apply``, fenced commit and lease operation within ``single_target``;
-    #: every ``commit_many`` within ``MANY_TARGET``. ``None``: no target (``:memory:``).
+    #: single operations' target (``_harness``); ``None``: none (``:memory:``)
     single_target: float | None = SINGLE_TARGET
     cleanup_records: bool = True
     #: SQL stores: the ``guard`` contest (``user_table`` makes its two tables).

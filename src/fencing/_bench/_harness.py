@@ -58,6 +58,12 @@ class Block:
     close: Callable[[], None] | None = None
 
 
+#: Issue 21's targets: fencing's time per operation over the same-answer baseline's.
+SINGLE_TARGET: Final = 1.10  # single commits, apply, fenced commits, leases
+NORMAL_TARGET: Final = 1.25  # the same on SQLite at synchronous=NORMAL (a ~40 us commit)
+MANY_TARGET: Final = 1.15  # commit_many beside the store's hand-written batch
+
+
 @dataclass(frozen=True)
 class Side:
     """One way of doing the operation: ``prepare(n)`` returns a block of ``n`` calls."""

@@ -28,8 +28,6 @@ from ._answer import Answer
 from ._common import (
     ANSWER_ROWS,
     KEYS,
-    NORMAL_TARGET,
-    SINGLE_TARGET,
     START,
     USING_OPERATION,
     Bench,
@@ -40,7 +38,7 @@ from ._common import (
     new_id,
     one_check,
 )
-from ._harness import Block, Side, Skip
+from ._harness import NORMAL_TARGET, SINGLE_TARGET, Block, Side, Skip
 
 __all__ = ["SQLiteBench"]
 
