@@ -16,6 +16,7 @@ from ._backends import require_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "bench-pinned.sh"
+REDIS = ("--store", "redis://127.0.0.1:6379/0")
 
 
 def _affinity(pid: int) -> set[int]:
@@ -41,8 +42,7 @@ def test_the_bench_runs_pinned_and_the_servers_get_every_cpu_back() -> None:
     before = _affinity(pid)
     env = {**os.environ, "VENV": str(Path(sys.executable).parent.parent)}
     done = subprocess.run(
-        ["bash", str(SCRIPT), "--quick", "--json", "--only", "commit"]
-        + ["--store", "redis://127.0.0.1:6379/0"],
+        ["bash", str(SCRIPT), "--quick", "--json", "--only", "commit", *REDIS],
         capture_output=True,
         text=True,
         env=env,
@@ -64,9 +64,8 @@ def test_a_pinned_client_runs_on_cpu_0_only() -> None:
     fake = ROOT / ".pytest_cache" / "pinned-venv" / "bin"
     fake.mkdir(parents=True, exist_ok=True)
     stand_in = fake / "fencing"
-    stand_in.write_text(
-        f"#!{sys.executable}\nimport os, sys\nprint(sorted(os.sched_getaffinity(0)), sys.argv[1:])\n"
-    )
+    show = "print(sorted(os.sched_getaffinity(0)), sys.argv[1:])"
+    stand_in.write_text(f"#!{sys.executable}\nimport os, sys\n{show}\n")
     stand_in.chmod(0o755)
     done = subprocess.run(
         ["bash", str(SCRIPT), "--quick"],
