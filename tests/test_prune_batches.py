@@ -1,4 +1,5 @@
-"""``store.prune()`` and ``store.outbox.prune()`` on the SQL stores delete in batches of
+"""``store.prune()`` (applied ids and effects) and ``store.outbox.prune()`` on the SQL
+stores delete in batches of
 at most ``_contract.PRUNE_BATCH`` rows, each batch its own transaction, so commits go on
 between them: every row past the horizon is deleted all the same (however many batches
 it takes), the count is the rows deleted in all, rows inside the horizon are kept, and
@@ -110,7 +111,7 @@ def steps(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The steps the (sync) backend's prune flows yield from here on."""
     flows = type(store.backend.flows)
     seen: list[Any] = []
-    for name in ("prune", "outbox_prune"):
+    for name in ("prune", "outbox_prune", "prune_effects"):
         make = getattr(flows, name)
         monkeypatch.setattr(
             flows, name, lambda self, *args, make=make: _spied(make(self, *args), seen)
@@ -226,6 +227,58 @@ def test_sqlite_leaves_its_lock_free_after_each_batch(
     monkeypatch.setattr(driver, "time", SimpleNamespace(time=time.time, sleep=pause))
     assert store.backend.prune(3600) == OLD
     assert free == [True] * BATCHES
+
+
+def _finished_and_kept_effects(store: Any, backend_name: str) -> tuple[list[str], list[str]]:
+    """OLD effects a day untouched whose work committed (prunable), and as many whose
+    work never ended (kept however old): their keys. Keys are digests, so the two kinds
+    lie mixed in key order, the order the batches go in."""
+    orders = store.collection("orders")
+    finished, kept = [], []
+    for i in range(OLD):
+        done = orders.create(f"d{i}", {"n": 0}).intent("charge")
+        finished.append(orders.effect_done(orders.effect(done, "charge")).idempotency_key)
+        assert orders.commit(done, {"n": 1}).committed
+        waiting = orders.create(f"w{i}", {"n": 0}).intent("charge")
+        kept.append(orders.effect(waiting, "charge").idempotency_key)
+    _day_back(store, backend_name, "fencing_effects", "updated_at")
+    return finished, kept
+
+
+def test_effects_prune_forgets_every_finished_effect_however_many_batches(
+    store: Any, backend_name: str
+) -> None:
+    finished, kept = _finished_and_kept_effects(store, backend_name)
+    assert store.prune(3600) == OLD  # the effects (the applied ids are new)
+    assert [key for key in finished if store.get_effect(key) is not None] == []
+    assert all(store.get_effect(key) is not None for key in kept)
+    assert store.prune(3600) == 0
+
+
+@pytest.mark.apis(only=["sync"])
+def test_each_batch_of_an_effects_prune_is_a_step_of_its_own(
+    store: Any, backend_name: str, steps: list[Any]
+) -> None:
+    finished, _ = _finished_and_kept_effects(store, backend_name)
+    steps.clear()
+    said: list[str] = []
+    if backend_name.startswith("sqlite"):  # the statements with their parameters
+        store.backend.conn.set_trace_callback(said.append)
+    try:
+        assert store.backend.prune_effects(3600) == OLD
+    finally:
+        if backend_name.startswith("sqlite"):
+            store.backend.conn.set_trace_callback(None)
+    assert len(steps) == BATCHES  # one statement for all of it would be one step
+    assert all(_alone(step) for step in steps)
+    # each batch after the first starts after the last key the one before deleted (the
+    # kept effects before it are not read again)
+    if backend_name.startswith("sqlite"):
+        deletes = [s for s in said if s.startswith("DELETE FROM fencing_effects")]
+        starts = [s.split("idempotency_key > '", 1)[1].split("'", 1)[0] for s in deletes]
+    else:
+        starts = [_after(step) for step in steps]
+    assert starts[0] == "" and starts[1:] == sorted(finished)[BATCH - 1 :: BATCH]
 
 
 def _old_and_new_sent(store: Any, backend_name: str) -> Any:

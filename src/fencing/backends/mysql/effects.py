@@ -7,9 +7,10 @@ from typing import Any
 
 from ..._effects import Effect, EffectQuery, NewEffect, effect_from_row
 from ..._flow import Flow
+from .._contract import prune_batches
 from . import statements as sql
 from .restart import restarts_on_deadlock
-from .steps import Result, Script, one
+from .steps import Result, Script, one, pruning
 
 __all__ = ["EffectFlows"]
 
@@ -74,8 +75,6 @@ class EffectFlows:
         results: list[Result] = yield one(text, *params, int(query.limit))
         return _effects_of(results[0])
 
-    @restarts_on_deadlock
     def prune_effects(self, older_than: float) -> Flow[int]:
-        age = float(older_than)
-        results: list[Result] = yield one(sql.PRUNE_EFFECTS, age, age)
-        return results[0].affected
+        """In batches, like ``prune`` (``_contract.prune_batches``), in key order."""
+        return prune_batches(pruning(sql.PRUNE_EFFECTS, older_than, "", 2))

@@ -242,6 +242,17 @@ EFFECT_SETTLE: Final = (
 # (READ COMMITTED takes no gap locks) is left out, as if recorded after the settle.
 EFFECT_SETTLED: Final = EFFECT_SELECT + EFFECT_BY_INTENT + " AND outcome IS NOT NULL" + EFFECT_ORDER
 
-PRUNE_EFFECTS: Final = "DELETE FROM fencing_effects WHERE " + PRUNABLE.format(
-    cutoff=f"({NOW} - %s)"
+# One batch of an effects prune (``steps.pruning``): at most the limit of prunable effects
+# in key order after the last key of the batch before; the statements of ``prune_batch``
+# (parameters ``(after, age, age, limit)`` twice: the cutoff is in the predicate twice).
+_EFFECT_ROWS: Final = (
+    "FROM fencing_effects WHERE idempotency_key > %s AND ("
+    + PRUNABLE.format(cutoff=f"({NOW} - %s)")
+    + ")"
+)
+PRUNE_EFFECTS: Final = (
+    "SET @f_last = (SELECT MAX(idempotency_key) FROM (SELECT idempotency_key"
+    f" {_EFFECT_ROWS} ORDER BY idempotency_key LIMIT %s) AS b);\n"
+    f"DELETE {_EFFECT_ROWS} ORDER BY idempotency_key LIMIT %s;\n"
+    "SELECT @f_last"
 )

@@ -118,18 +118,23 @@ def statements(batch: Batch) -> list[tuple[str, tuple[Any, ...]]]:
     return found
 
 
-def pruning(text: str, older_than: float) -> Callable[[int], Flow[int]]:
+def pruning(
+    text: str, older_than: float, start: Any = 0, ages: int = 1
+) -> Callable[[int], Flow[int]]:
     """The batches of a prune (``_contract.prune_batches``) of ``text``
-    (``statements.prune_batch``): each a batch on its own (autocommit: its own
-    transaction), run again after a deadlock, starting where the one before it ended;
-    how many rows each deleted."""
+    (``statements.prune_batch``, ``statements.PRUNE_EFFECTS``): each a batch on its own
+    (autocommit: its own transaction), run again after a deadlock, starting where the
+    one before it ended (``start`` for the first: a time, or a key); how many rows each
+    deleted. Each of its two statements takes the position, the age ``ages`` times (as
+    often as its predicate has the cutoff) and the limit."""
     age = float(older_than)
-    after: Any = 0
+    after: Any = start
 
     @restarts_on_deadlock
     def batch(limit: int) -> Flow[int]:
         nonlocal after
-        results: list[Result] = yield one(text, after, age, limit, after, age, limit)
+        params = (after, *(age,) * ages, limit)
+        results: list[Result] = yield one(text, *params, *params)
         last = results[-1].rows[0][0]
         if last is not None:
             after = last

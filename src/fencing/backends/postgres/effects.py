@@ -11,8 +11,9 @@ from typing import Any, Final
 from ..._effects import Effect, EffectQuery, NewEffect, effect_from_row
 from ..._errors import TransientStoreError
 from ..._flow import Flow
+from .._contract import prune_batches
 from . import statements as sql
-from .steps import Query, read_only
+from .steps import Query, pruning, read_only
 
 __all__ = ["EffectFlows"]
 
@@ -88,5 +89,5 @@ class EffectFlows:
         return [effect_from_row(row) for row in found.rows]
 
     def prune_effects(self, older_than: float) -> Flow[int]:
-        found = yield from read_only(Query(sql.PRUNE_EFFECTS, {"age": float(older_than)}))
-        return int(found.rowcount)
+        """In batches, like ``prune`` (``_contract.prune_batches``), in key order."""
+        return prune_batches(pruning(sql.PRUNE_EFFECTS, older_than, "", str))

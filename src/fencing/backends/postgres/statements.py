@@ -463,8 +463,15 @@ EFFECTS_BY_INTENT: Final = _LIST_EFFECTS.format("scope = %(scope)s AND intent_id
 EFFECTS_OPEN: Final = _LIST_EFFECTS.format("outcome IS NOT NULL AND reconciled_at IS NULL")
 EFFECTS_PENDING: Final = _LIST_EFFECTS.format(PENDING.format(cutoff=f"({NOW} - %(age)s::float8)"))
 
-PRUNE_EFFECTS: Final = "DELETE FROM fencing_effects WHERE " + PRUNABLE.format(
-    cutoff=f"({NOW} - %(age)s::float8)"
+_PRUNABLE_NOW: Final = PRUNABLE.format(cutoff=f"({NOW} - %(age)s::float8)")
+# One batch of an effects prune (``steps.pruning``): at most ``%(limit)s`` prunable
+# effects in key order after ``%(after)s``, deleted if still prunable as they are when
+# locked (a row changed meanwhile is judged again), with how many and the last key.
+PRUNE_EFFECTS: Final = (
+    "WITH gone AS (DELETE FROM fencing_effects WHERE idempotency_key = ANY(ARRAY("
+    "SELECT idempotency_key FROM fencing_effects WHERE idempotency_key > %(after)s"
+    f" AND ({_PRUNABLE_NOW}) ORDER BY idempotency_key LIMIT %(limit)s)) AND ({_PRUNABLE_NOW})"
+    " RETURNING idempotency_key) SELECT count(*), max(idempotency_key) FROM gone"
 )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from ..._checks import check_unique_key
-from ..._effects import PENDING, PRUNABLE, Effect, EffectQuery, NewEffect
+from ..._effects import PENDING, Effect, EffectQuery, NewEffect
 from ..._errors import SchemaError
 from ..._flow import Flow
 from ..._request import (
@@ -32,7 +32,7 @@ from . import operations as op
 from . import statements as sql
 from .outbox import SQLiteOutboxFlows
 from .statements import Statements, quote
-from .steps import Txn, one, pruning, txn
+from .steps import Txn, keyed_pruning, one, pruning, txn
 
 __all__ = ["SQLiteFlows", "Txn", "txn"]
 
@@ -183,12 +183,8 @@ class SQLiteFlows(SQLiteOutboxFlows):
         return txn(body, write=False)
 
     def prune_effects(self, older_than: float) -> Flow[int]:
-        text = "DELETE FROM fencing_effects WHERE " + PRUNABLE.format(cutoff=":cutoff")
-
-        def body(conn: sqlite3.Connection, now: float) -> int:
-            return conn.execute(text, {"cutoff": now - older_than}).rowcount
-
-        return txn(body)
+        """In batches, like ``prune`` (``_contract.prune_batches``), in key order."""
+        return prune_batches(keyed_pruning(sql.PRUNE_EFFECTS, older_than))
 
     # -- reads for looking (``_contract``) -------------------------------------------------
     def applied(self, target: Target, key: str | int, limit: int) -> Flow[list[AppliedIntent]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from ..._effects import EFFECT_COLUMNS
+from ..._effects import EFFECT_COLUMNS, PRUNABLE
 from ..._request import CommitRequest, Target
 from .values import bound
 
@@ -51,6 +51,14 @@ UNAPPLIED: Final = " AND NOT EXISTS (" + IS_APPLIED + ")"
 PRUNE_APPLIED: Final = (
     "DELETE FROM fencing_applied WHERE (scope, intent_id, key) IN (SELECT scope, intent_id, key"
     " FROM fencing_applied WHERE applied_at < ? ORDER BY applied_at LIMIT ?)"
+)
+# One batch of an effects prune (``steps.keyed_pruning``): at most ``:limit`` prunable
+# effects in key order after ``:after``, and their keys.
+PRUNE_EFFECTS: Final = (
+    "DELETE FROM fencing_effects WHERE idempotency_key IN (SELECT idempotency_key"
+    " FROM fencing_effects WHERE idempotency_key > :after AND ("
+    + PRUNABLE.format(cutoff=":cutoff")
+    + ") ORDER BY idempotency_key LIMIT :limit) RETURNING idempotency_key"
 )
 LEASE_LIVE: Final = (
     " AND EXISTS (SELECT 1 FROM fencing_leases WHERE name = ? AND token = ?"

@@ -10,7 +10,7 @@ from typing import Any, Final, TypeVar
 from ..._flow import Flow
 from ..._values import slot_setters
 
-__all__ = ["PRUNE_PAUSE", "Txn", "one", "pruning", "txn"]
+__all__ = ["PRUNE_PAUSE", "Txn", "keyed_pruning", "one", "pruning", "txn"]
 
 T = TypeVar("T")
 
@@ -71,6 +71,29 @@ def pruning(text: str, older_than: float) -> Callable[[int], Flow[int]]:
 
         gone: int = yield Txn(body, pause=PRUNE_PAUSE)
         return gone
+
+    return batch
+
+
+def keyed_pruning(text: str, older_than: float) -> Callable[[int], Flow[int]]:
+    """The batches of a prune in primary-key order (``statements.PRUNE_EFFECTS``: the
+    named parameters ``after``, ``cutoff`` and ``limit``; it returns the keys it
+    deleted): each in a write transaction of its own, then ``PRUNE_PAUSE``, starting
+    after the last key of the batch before it (rows the prune keeps are not read again);
+    how many rows each deleted."""
+    after = ""
+
+    def batch(limit: int) -> Flow[int]:
+        nonlocal after
+
+        def body(conn: sqlite3.Connection, now: float) -> list[str]:
+            params = {"after": after, "cutoff": now - older_than, "limit": limit}
+            return [row[0] for row in conn.execute(text, params)]
+
+        keys: list[str] = yield Txn(body, pause=PRUNE_PAUSE)
+        if keys:  # (committed: the next batch starts after them)
+            after = max(keys)
+        return len(keys)
 
     return batch
 
