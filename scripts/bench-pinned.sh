@@ -9,8 +9,8 @@
 # bench ends; then the servers may use every CPU again. Why: on a small machine the
 # scheduler sometimes wakes a server backend on the client's own CPU, where it preempts
 # the client once per round trip and doubles the client's CPU time for that stretch (the
-# README's Benchmarks section shows it measured); which side of a contest it hits is
-# luck. Needs taskset (util-linux) and at least 2 CPUs; servers on other machines are
+# README's Benchmarks section shows it measured, and that why it hits one side of a
+# contest and not the other is not known). Needs taskset (util-linux) and at least 2 CPUs; servers on other machines are
 # not touched (there is nothing to pin).
 set -euo pipefail
 cd "$(dirname "$0")/.."

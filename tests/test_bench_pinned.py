@@ -57,12 +57,12 @@ def test_the_bench_runs_pinned_and_the_servers_get_every_cpu_back() -> None:
     assert _affinity(pid) == set(range(cpus)) | before
 
 
-def test_a_pinned_client_runs_on_cpu_0_only() -> None:
+def test_a_pinned_client_runs_on_cpu_0_only(tmp_path: Path) -> None:
     """The script's own client command: taskset -c 0 (checked through a stand-in)."""
     if shutil.which("taskset") is None or (os.cpu_count() or 1) < 2:
         pytest.skip("taskset is not installed, or only one CPU")
-    fake = ROOT / ".pytest_cache" / "pinned-venv" / "bin"
-    fake.mkdir(parents=True, exist_ok=True)
+    fake = tmp_path / "bin"
+    fake.mkdir()
     stand_in = fake / "fencing"
     show = "print(sorted(os.sched_getaffinity(0)), sys.argv[1:])"
     stand_in.write_text(f"#!{sys.executable}\nimport os, sys\n{show}\n")

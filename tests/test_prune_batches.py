@@ -1,13 +1,11 @@
 """``store.prune()`` (applied ids and effects) and ``store.outbox.prune()`` on the SQL
-stores delete in batches of
-at most ``_contract.PRUNE_BATCH`` rows, each batch its own transaction, so commits go on
-between them: every row past the horizon is deleted all the same (however many batches
-it takes), the count is the rows deleted in all, rows inside the horizon are kept, and
-each batch is one step of its own for the driver (a transaction on SQLite, an autocommit
-statement on PostgreSQL and MariaDB), never one statement for everything.
-
-Rows are put past the horizon by moving their times a day back, straight in fencing's
-tables; nothing here waits for a clock."""
+stores delete in batches of at most ``_contract.PRUNE_BATCH`` rows, each batch its own
+transaction, so commits go on between them: every row past the horizon is deleted all
+the same (however many batches it takes), the count is the rows deleted in all, rows
+inside the horizon are kept, and each batch is one step of its own for the driver (a
+transaction on SQLite, an autocommit statement on PostgreSQL and MariaDB), never one
+statement for everything. Rows are put past the horizon by moving their times a day
+back, straight in fencing's tables; nothing here waits for a clock."""
 
 from __future__ import annotations
 

@@ -142,9 +142,15 @@ def prune_batch(table: str, column: str, order: str, where: str = "") -> str:
     its purge gets to them, and every batch scanning from the oldest would step over all
     the earlier batches' again (10^5 rows: 7x slower than one DELETE)."""
     rows = f"FROM {table} WHERE {column} >= %s AND {column} < {NOW} - %s{where}"
+    return _batch(rows, column, order)
+
+
+def _batch(rows: str, position: str, order: str) -> str:
+    """A prune batch's three statements over ``rows`` (``FROM ... WHERE ...``): the last
+    ``position`` of the batch's rows (``@f_last``), the DELETE in ``order``, ``@f_last``."""
     return (
-        f"SET @f_last = (SELECT MAX({column}) FROM (SELECT {column} {rows}"
-        f" ORDER BY {column} LIMIT %s) AS b);\n"
+        f"SET @f_last = (SELECT MAX({position}) FROM (SELECT {position} {rows}"
+        f" ORDER BY {position} LIMIT %s) AS b);\n"
         f"DELETE {rows} ORDER BY {order} LIMIT %s;\n"
         "SELECT @f_last"
     )
@@ -243,16 +249,12 @@ EFFECT_SETTLE: Final = (
 EFFECT_SETTLED: Final = EFFECT_SELECT + EFFECT_BY_INTENT + " AND outcome IS NOT NULL" + EFFECT_ORDER
 
 # One batch of an effects prune (``steps.pruning``): at most the limit of prunable effects
-# in key order after the last key of the batch before; the statements of ``prune_batch``
-# (parameters ``(after, age, age, limit)`` twice: the cutoff is in the predicate twice).
-_EFFECT_ROWS: Final = (
+# in key order after the last key of the batch before (``_batch``; parameters
+# ``(after, age, age, limit)`` twice: the cutoff is in the predicate twice).
+PRUNE_EFFECTS: Final = _batch(
     "FROM fencing_effects WHERE idempotency_key > %s AND ("
     + PRUNABLE.format(cutoff=f"({NOW} - %s)")
-    + ")"
-)
-PRUNE_EFFECTS: Final = (
-    "SET @f_last = (SELECT MAX(idempotency_key) FROM (SELECT idempotency_key"
-    f" {_EFFECT_ROWS} ORDER BY idempotency_key LIMIT %s) AS b);\n"
-    f"DELETE {_EFFECT_ROWS} ORDER BY idempotency_key LIMIT %s;\n"
-    "SELECT @f_last"
+    + ")",
+    "idempotency_key",
+    "idempotency_key",
 )

@@ -90,4 +90,4 @@ class EffectFlows:
 
     def prune_effects(self, older_than: float) -> Flow[int]:
         """In batches, like ``prune`` (``_contract.prune_batches``), in key order."""
-        return prune_batches(pruning(sql.PRUNE_EFFECTS, older_than, "", str))
+        return prune_batches(pruning(sql.PRUNE_EFFECTS, older_than, ""))

@@ -147,11 +147,18 @@ def prune_batch(table: str, column: str, row: str, where: str = "") -> str:
     it ended (``%(after)s``): dead index entries a snapshot still holds (a long
     transaction anywhere on the server) would otherwise be stepped over again by every
     batch."""
+    chosen = f"{where} {column} >= %(after)s::float8 AND {column} < {NOW} - %(age)s::float8"
+    return _batch(table, row, chosen, column)
+
+
+def _batch(table: str, row: str, chosen: str, position: str, again: str = "") -> str:
+    """A prune batch's statement: at most ``%(limit)s`` of ``table``'s rows that
+    ``chosen`` selects, in ``position`` order, deleted by ``row`` (and only if ``again``
+    still holds for the row as locked); it answers how many and the last ``position``."""
     return (
         f"WITH gone AS (DELETE FROM {table} WHERE {row} = ANY(ARRAY(SELECT {row} FROM {table}"
-        f" WHERE{where} {column} >= %(after)s::float8 AND {column} < {NOW} - %(age)s::float8"
-        f" ORDER BY {column} LIMIT %(limit)s)) RETURNING {column})"
-        f" SELECT count(*), max({column}) FROM gone"
+        f" WHERE{chosen} ORDER BY {position} LIMIT %(limit)s)){again} RETURNING {position})"
+        f" SELECT count(*), max({position}) FROM gone"
     )
 
 
@@ -467,11 +474,12 @@ _PRUNABLE_NOW: Final = PRUNABLE.format(cutoff=f"({NOW} - %(age)s::float8)")
 # One batch of an effects prune (``steps.pruning``): at most ``%(limit)s`` prunable
 # effects in key order after ``%(after)s``, deleted if still prunable as they are when
 # locked (a row changed meanwhile is judged again), with how many and the last key.
-PRUNE_EFFECTS: Final = (
-    "WITH gone AS (DELETE FROM fencing_effects WHERE idempotency_key = ANY(ARRAY("
-    "SELECT idempotency_key FROM fencing_effects WHERE idempotency_key > %(after)s"
-    f" AND ({_PRUNABLE_NOW}) ORDER BY idempotency_key LIMIT %(limit)s)) AND ({_PRUNABLE_NOW})"
-    " RETURNING idempotency_key) SELECT count(*), max(idempotency_key) FROM gone"
+PRUNE_EFFECTS: Final = _batch(
+    "fencing_effects",
+    "idempotency_key",
+    f" idempotency_key > %(after)s AND ({_PRUNABLE_NOW})",
+    "idempotency_key",
+    f" AND ({_PRUNABLE_NOW})",
 )
 
 

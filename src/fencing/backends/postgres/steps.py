@@ -69,14 +69,12 @@ def read_only(query: Query) -> Flow[Answer]:
     return result
 
 
-def pruning(
-    text: str, older_than: float, start: Any = 0.0, last: Callable[[Any], Any] = float
-) -> Callable[[int], Flow[int]]:
+def pruning(text: str, older_than: float, start: Any = 0.0) -> Callable[[int], Flow[int]]:
     """The batches of a prune (``_contract.prune_batches``) of ``text``
     (``statements.prune_batch``, ``statements.PRUNE_EFFECTS``): each a statement on its
     own (its own transaction), starting where the one before it ended (``start`` for the
-    first; ``last`` reads the position a batch answers: a time, or a key); how many rows
-    each deleted. Safe to run again: the rows it deleted are gone either way."""
+    first: a time, or a key); how many rows each deleted. Safe to run again: the rows it
+    deleted are gone either way."""
     age = float(older_than)
     after = start
 
@@ -84,9 +82,9 @@ def pruning(
         nonlocal after
         params = {"after": after, "age": age, "limit": limit}
         found = yield from read_only(Query(text, params))
-        count, end = found.rows[0]
-        if end is not None:
-            after = last(end)
+        count, last = found.rows[0]
+        if last is not None:
+            after = last
         return int(count)
 
     return batch
